@@ -1,0 +1,27 @@
+# Everything a fresh machine with Python >= 3.10, gcc and make needs:
+#   make report   create .venv, install tblock into it, run `tblock report`
+#   make test     the same with the test extra, then the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: report test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# editable install: the compiled C reference and the sources stay in this checkout
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test,plot]"
+
+report: install
+	$(BIN)/tblock report
+
+test: install-test
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache

@@ -1,0 +1,1 @@
+"""Numba kernels, installed as ``tblock.kernels`` (never as a bare ``kernels``)."""

@@ -1,0 +1,22 @@
+"""tblock: a fast, verified transformer block for the CPU (Lesson 13).
+
+    import numpy as np, tblock
+    cfg = tblock.BlockConfig(d_model=8, n_heads=2)
+    w = tblock.init_weights(cfg, seed=0)
+    H_out = tblock.forward(np.random.randn(4, 8).astype(np.float32), w, cfg)
+"""
+
+from .api import (BACKEND_MODULES, BackendUnavailable, Block, Stack, Trace, available_backends,
+                  forward)
+from .config import BlockConfig
+from .counting import FlopCount, crossover_T, flops, param_breakdown, param_count
+from .weights import BlockWeights, init_weights
+from .worked_example import LESSON_PRINTED, load_worked_example
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount",
+    "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
+    "init_weights", "load_worked_example", "param_breakdown", "param_count",
+]

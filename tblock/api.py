@@ -1,0 +1,194 @@
+"""The block API: validate the arguments once, then dispatch to a backend.
+
+Backends live in their own modules and share one entry point,
+``forward_batch(H, weights, cfg, trace) -> (H_out, trace_dict | None)``, where
+``H`` is a read-only C-contiguous (B, T, d_model) float32/float64 array and
+``weights`` has already been checked against ``cfg``. Everything a user can get
+wrong is caught here, before any backend runs, so no backend ever sees bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import BlockConfig
+from .weights import BlockWeights, as_float_array, check_finite, init_weights
+
+# backend name -> module implementing forward_batch; imported on first use
+BACKEND_MODULES = {
+    "numpy": "tblock.oracle",
+    "numba": "tblock._numba_backend",
+    "c": "tblock._c_backend",
+}
+DEFAULT_BACKEND = "numpy"
+
+# lesson names of the intermediates, in the order the block computes them (Pre-LN)
+TRACE_NAMES = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid",
+               "H_norm2", "F_pre", "F_post", "F_out", "H_out")
+
+
+class BackendUnavailable(ValueError):
+    """The backend exists but cannot run here (e.g. the C reference was not compiled)."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The block's intermediates by their lesson names.
+
+    Shapes for a (T, d_model) input; a batched (B, T, d_model) input adds a leading B.
+    For Post-LN, H_norm1 is LN1(H_in + A_out) (= H_mid) and H_norm2 is LN2(H_mid + F_out)
+    (= H_out): the LayerNorms sit on the stream, and Q, K, V and F_pre read H_in and H_mid.
+    """
+    H_norm1: np.ndarray     # (T, d_model) LN1 output
+    Q: np.ndarray           # (T, d_model) all heads' queries; head h is columns h*d_k:(h+1)*d_k
+    K: np.ndarray           # (T, d_model)
+    V: np.ndarray           # (T, d_model)
+    A: np.ndarray           # (n_heads, T, T) attention probabilities; A[h][t, i] weight of key i for query t
+    out_concat: np.ndarray  # (T, d_model) head outputs side by side
+    A_out: np.ndarray       # (T, d_model) MHA output = out_concat @ W_O
+    H_mid: np.ndarray       # (T, d_model) stream after the first sublayer
+    H_norm2: np.ndarray     # (T, d_model) LN2 output
+    F_pre: np.ndarray       # (T, d_ff) hidden pre-activation
+    F_post: np.ndarray      # (T, d_ff) hidden after the activation
+    F_out: np.ndarray       # (T, d_model) FFN output
+    H_out: np.ndarray       # (T, d_model) block output
+
+
+def available_backends() -> list[str]:
+    """Backends that can run in this installation."""
+    out = []
+    for name in BACKEND_MODULES:
+        try:
+            get_backend(name)
+        except BackendUnavailable:
+            continue
+        out.append(name)
+    return out
+
+
+def get_backend(name):
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a str, one of {tuple(BACKEND_MODULES)}, got {type(name).__name__}")
+    if name not in BACKEND_MODULES:
+        raise ValueError(f"backend must be one of {tuple(BACKEND_MODULES)}, got {name!r}")
+    try:
+        module = importlib.import_module(BACKEND_MODULES[name])
+    except ModuleNotFoundError as e:
+        if e.name != BACKEND_MODULES[name]:
+            raise  # a real import error inside the backend: do not hide it
+        raise BackendUnavailable(f"backend {name!r} is not part of this installation") from None
+    check = getattr(module, "ensure_available", None)
+    if check is not None:
+        check()  # raises BackendUnavailable with instructions
+    return module
+
+
+def check_input(H, cfg: BlockConfig, name: str = "H") -> np.ndarray:
+    """Validate a (T, d_model) or (B, T, d_model) float array; return it unchanged."""
+    H = as_float_array(name, H)
+    if H.ndim not in (2, 3):
+        raise ValueError(f"{name} must be (T, d_model) or (B, T, d_model), got shape {H.shape}")
+    if H.shape[-1] != cfg.d_model:
+        raise ValueError(f"{name} must have d_model={cfg.d_model} columns, got shape {H.shape}")
+    if H.shape[-2] == 0:
+        raise ValueError(f"{name} must have at least one token (T >= 1), got shape {H.shape}")
+    if H.ndim == 3 and H.shape[0] == 0:
+        raise ValueError(f"{name} must have at least one sequence (B >= 1), got shape {H.shape}")
+    check_finite(name, H)
+    return H
+
+
+def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None, trace: bool = False):
+    """Run one transformer block on ``H`` ((T, d_model) or (B, T, d_model), float32 or
+    float64, any strides). Returns ``H_out`` with the input's shape and dtype, or
+    ``(H_out, Trace)`` with ``trace=True``. Never modifies its arguments."""
+    if not isinstance(cfg, BlockConfig):
+        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    if not isinstance(weights, BlockWeights):
+        raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be a bool, got {type(trace).__name__}")
+    module = get_backend(DEFAULT_BACKEND if backend is None else backend)
+    weights.check(cfg)
+    H = check_input(H, cfg)
+    H3 = np.ascontiguousarray(H.reshape((-1,) + H.shape[-2:]))   # (B, T, d_model), B=1 for 2-D
+    H3 = H3.view()
+    H3.flags.writeable = False          # a backend cannot write into the caller's array
+    H_out, tr = module.forward_batch(H3, weights, cfg, trace)
+    H_out = np.asarray(H_out, dtype=H.dtype).reshape(H.shape)
+    if not trace:
+        return H_out
+    if H.ndim == 2:
+        tr = {k: v[0] for k, v in tr.items()}                    # drop the batch axis of 1
+    return H_out, Trace(**{k: np.asarray(tr[k], dtype=H.dtype) for k in TRACE_NAMES})
+
+
+class Block:
+    """One block with its weights: ``Block(cfg, weights)(H)``."""
+
+    def __init__(self, cfg: BlockConfig, weights: BlockWeights, backend: str | None = None):
+        if not isinstance(cfg, BlockConfig):
+            raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+        if not isinstance(weights, BlockWeights):
+            raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
+        weights.check(cfg)
+        if backend is not None:
+            get_backend(backend)
+        self.cfg, self.weights, self.backend = cfg, weights, backend
+
+    def __call__(self, H, backend: str | None = None, trace: bool = False):
+        return forward(H, self.weights, self.cfg, backend=backend or self.backend, trace=trace)
+
+
+class Stack:
+    """N blocks of one architecture, each with its own weights; block l's output
+    feeds block l+1."""
+
+    def __init__(self, cfg: BlockConfig, weights, backend: str | None = None):
+        if isinstance(weights, BlockWeights) or not hasattr(weights, "__len__"):
+            raise TypeError(f"weights must be a list of BlockWeights, got {type(weights).__name__}")
+        if len(weights) == 0:
+            raise ValueError("weights must hold at least one block's BlockWeights, got an empty list")
+        for i, w in enumerate(weights):
+            if not isinstance(w, BlockWeights):
+                raise TypeError(f"weights[{i}] must be a BlockWeights, got {type(w).__name__}")
+            w.check(cfg, name=f"weights[{i}]")
+        self.blocks = [Block(cfg, w, backend) for w in weights]
+        self.cfg = cfg
+
+    @classmethod
+    def init(cfg_cls, cfg: BlockConfig, n_layers: int, seed, scale_branches: bool = True,
+             dtype=np.float32, backend: str | None = None) -> "Stack":
+        """N freshly initialised blocks; with ``scale_branches`` each block's w_o and w_ff2
+        are scaled by the lesson's 1/sqrt(2N). Block l's weights come from the l-th child
+        of ``SeedSequence(seed)``, so the scaled and unscaled stacks share their draws."""
+        if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)) or n_layers < 1:
+            raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
+        scale = 1.0 / np.sqrt(2 * n_layers) if scale_branches else 1.0
+        seeds = np.random.SeedSequence(seed).spawn(n_layers)
+        return cfg_cls(cfg, [init_weights(cfg, s, dtype=dtype, branch_scale=scale) for s in seeds], backend)
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __call__(self, H, backend: str | None = None, trace: bool = False):
+        """H_N, or with ``trace=True`` (H_N, [Trace of block 1, ..., block N])."""
+        traces = []
+        for block in self.blocks:
+            if trace:
+                H, tr = block(H, backend=backend, trace=True)
+                traces.append(tr)
+            else:
+                H = block(H, backend=backend)
+        return (H, traces) if trace else H
+
+    def residual_norms(self, H, backend: str | None = None) -> np.ndarray:
+        """Frobenius norms |H_0|, |H_1|, ..., |H_N| of the residual stream along depth."""
+        norms = [np.linalg.norm(check_input(H, self.cfg))]
+        for block in self.blocks:
+            H = block(H, backend=backend)
+            norms.append(np.linalg.norm(H))
+        return np.array(norms)

@@ -1,0 +1,1 @@
+"""Package data: Lesson 13's worked example (seed13_block.json)."""

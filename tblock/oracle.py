@@ -1,0 +1,118 @@
+"""The NumPy oracle: Lesson 13's equations, written plainly, in float64.
+
+This is the reference every other backend is checked against, so it favours
+clarity over speed: a per-head loop, the full T x T score matrix, an explicit
+causal mask and a max-subtracted softmax, exactly as the lesson writes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import erf
+
+from .config import BlockConfig
+from .weights import BlockWeights
+
+
+def layernorm(X, gamma=None, beta=None, eps=1e-5):
+    """Standardise each row (token): population variance, eps inside the square root."""
+    mu = X.mean(axis=1, keepdims=True)                      # (T, 1)
+    var = ((X - mu) ** 2).mean(axis=1, keepdims=True)       # (T, 1), divides by d_model
+    Y = (X - mu) / np.sqrt(var + eps)
+    if gamma is not None:
+        Y = Y * gamma + beta
+    return Y
+
+
+def causal_mask(T):
+    """True where query t may look at key i, i.e. i <= t (lower triangle with diagonal)."""
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+def softmax_rows(S):
+    """Row-wise softmax; subtracting the row max keeps exp() from overflowing."""
+    S = S - S.max(axis=1, keepdims=True)
+    E = np.exp(S)
+    return E / E.sum(axis=1, keepdims=True)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def relu(x):
+    return np.maximum(x, 0.0)
+
+
+ACTIVATION = {"gelu_tanh": gelu_tanh, "gelu_erf": gelu_erf, "relu": relu}
+
+
+def attention(X, w, cfg, trace):
+    """MHA(X): per head, score -> mask -> softmax -> weighted sum; concat; W_O."""
+    T = X.shape[0]
+    Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]      # (T, d_model) each
+    scale = 1.0 / np.sqrt(cfg.d_k)
+    allowed = causal_mask(T) if cfg.causal else np.ones((T, T), dtype=bool)
+    out_concat = np.zeros_like(Q)
+    A = np.zeros((cfg.n_heads, T, T))
+    for h in range(cfg.n_heads):
+        cols = slice(h * cfg.d_k, (h + 1) * cfg.d_k)        # head h's d_k columns
+        S = Q[:, cols] @ K[:, cols].T * scale               # (T, T) scores
+        S = np.where(allowed, S, -np.inf)                   # masked keys get exp(-inf) = 0
+        A[h] = softmax_rows(S)
+        out_concat[:, cols] = A[h] @ V[:, cols]             # (T, d_k) into its slice
+    A_out = out_concat @ w["w_o"]
+    trace.update(Q=Q, K=K, V=V, A=A, out_concat=out_concat, A_out=A_out)
+    return A_out
+
+
+def ffn(X, w, cfg, trace):
+    """FFN(X) = act(X W1 + b1) W2 + b2, row by row."""
+    F_pre = X @ w["w_ff1"]                                  # (T, d_ff)
+    if cfg.ffn_bias:
+        F_pre = F_pre + w["b_ff1"]
+    F_post = ACTIVATION[cfg.activation](F_pre)
+    F_out = F_post @ w["w_ff2"]                             # (T, d_model)
+    if cfg.ffn_bias:
+        F_out = F_out + w["b_ff2"]
+    trace.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
+    return F_out
+
+
+def block_forward_one(H_in, w, cfg):
+    """One sequence (T, d_model) through the block; returns H_out and the trace dict."""
+    tr = {}
+    ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
+    ln2 = (w.get("ln2_gamma"), w.get("ln2_beta"))
+    if cfg.norm == "pre":
+        # H_mid = H_in + MHA(LN1(H_in));  H_out = H_mid + FFN(LN2(H_mid))
+        tr["H_norm1"] = layernorm(H_in, *ln1, eps=cfg.eps)
+        tr["H_mid"] = H_in + attention(tr["H_norm1"], w, cfg, tr)
+        tr["H_norm2"] = layernorm(tr["H_mid"], *ln2, eps=cfg.eps)
+        tr["H_out"] = tr["H_mid"] + ffn(tr["H_norm2"], w, cfg, tr)
+    else:
+        # H_mid = LN1(H_in + MHA(H_in));  H_out = LN2(H_mid + FFN(H_mid))
+        # (the LN outputs are the stream itself: H_norm1 is H_mid, H_norm2 is H_out)
+        tr["H_norm1"] = tr["H_mid"] = layernorm(H_in + attention(H_in, w, cfg, tr), *ln1, eps=cfg.eps)
+        tr["H_norm2"] = tr["H_out"] = layernorm(tr["H_mid"] + ffn(tr["H_mid"], w, cfg, tr), *ln2, eps=cfg.eps)
+    return tr["H_out"], tr
+
+
+def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace: bool):
+    """Backend entry point: H is (B, T, d_model); returns float64 H_out and, if asked,
+    the trace as a dict of arrays with a leading batch axis."""
+    w = {name: a.astype(np.float64) for name, a in weights.arrays().items()}
+    H = H.astype(np.float64)
+    outs, traces = [], []
+    for b in range(H.shape[0]):
+        H_out, tr = block_forward_one(H[b], w, cfg)
+        outs.append(H_out)
+        traces.append(tr)
+    H_out = np.stack(outs)                                  # (B, T, d_model)
+    if not trace:
+        return H_out, None
+    return H_out, {k: np.stack([tr[k] for tr in traces]) for k in traces[0]}

@@ -1,0 +1,180 @@
+"""BlockWeights and the lesson's initialisation.
+
+Row convention throughout, as in the lesson: a layer acts by right-multiplication,
+``X @ W``, so ``w_ff1`` is (d_model, d_ff) and ``w_ff2`` is (d_ff, d_model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from .config import BlockConfig
+
+# (name, shape as a function of the config); the optional ones follow the flags
+MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+FFN_BIASES = ("b_ff1", "b_ff2")
+LN_AFFINES = ("ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta")
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def expected_shape(name: str, cfg: BlockConfig) -> tuple[int, ...]:
+    d, f = cfg.d_model, cfg.d_ff
+    return {
+        "w_q": (d, d), "w_k": (d, d), "w_v": (d, d), "w_o": (d, d),
+        "w_ff1": (d, f), "w_ff2": (f, d),
+        "b_ff1": (f,), "b_ff2": (d,),
+        "ln1_gamma": (d,), "ln1_beta": (d,), "ln2_gamma": (d,), "ln2_beta": (d,),
+    }[name]
+
+
+def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
+    """Check that ``value`` is a real float32/float64 array (never converting ints,
+    complex or objects silently) and return it as an ndarray (no copy)."""
+    if not isinstance(value, np.ndarray):
+        if isinstance(value, (list, tuple)) or np.isscalar(value):
+            value = np.asarray(value)
+        else:
+            raise TypeError(f"{name} must be a numpy array, got {type(value).__name__}")
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {value.dtype}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {value.shape}")
+    return value
+
+
+def check_finite(name: str, a: np.ndarray) -> None:
+    if not np.isfinite(a).all():
+        bad = np.argwhere(~np.isfinite(a))[0]
+        raise ValueError(f"{name} must be finite, found {a[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+
+
+@dataclass(frozen=True, eq=False)
+class BlockWeights:
+    w_q: np.ndarray              # (d_model, d_model) query projection, heads are column slices
+    w_k: np.ndarray              # (d_model, d_model) key projection
+    w_v: np.ndarray              # (d_model, d_model) value projection
+    w_o: np.ndarray              # (d_model, d_model) output projection after the head concat
+    w_ff1: np.ndarray            # (d_model, d_ff) FFN up-projection
+    w_ff2: np.ndarray            # (d_ff, d_model) FFN down-projection
+    b_ff1: np.ndarray | None = None      # (d_ff,) FFN hidden bias, with cfg.ffn_bias
+    b_ff2: np.ndarray | None = None      # (d_model,) FFN output bias, with cfg.ffn_bias
+    ln1_gamma: np.ndarray | None = None  # (d_model,) LN1 gain, with cfg.ln_affine
+    ln1_beta: np.ndarray | None = None   # (d_model,) LN1 shift
+    ln2_gamma: np.ndarray | None = None  # (d_model,) LN2 gain
+    ln2_beta: np.ndarray | None = None   # (d_model,) LN2 shift
+    # per-config validation results and backend-prepared arrays (fused QKV, casts):
+    # safe to cache because every array above is a private read-only copy
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        arrays = {}
+        for name in MATRICES + FFN_BIASES + LN_AFFINES:
+            value = getattr(self, name)
+            if value is None:
+                if name in MATRICES:
+                    raise TypeError(f"{name} is required, got None")
+                continue
+            ndim = 2 if name in MATRICES else 1
+            a = as_float_array(name, value, ndim)
+            check_finite(name, a)
+            arrays[name] = a
+        if any(arrays.get(n) is None for n in FFN_BIASES) and any(arrays.get(n) is not None for n in FFN_BIASES):
+            raise ValueError("b_ff1 and b_ff2 must be given together, got only one of them")
+        if any(arrays.get(n) is None for n in LN_AFFINES) and any(arrays.get(n) is not None for n in LN_AFFINES):
+            raise ValueError("ln1_gamma, ln1_beta, ln2_gamma, ln2_beta must be given together, got only some")
+        # one dtype for the whole set: float64 if any array is float64
+        dtype = np.result_type(*arrays.values())
+        for name, a in arrays.items():
+            # a private, C-contiguous, read-only copy: later edits to the caller's
+            # arrays cannot change (or invalidate the cached checks of) these weights
+            own = np.array(a, dtype=dtype, order="C", copy=True)
+            own.flags.writeable = False
+            object.__setattr__(self, name, own)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.w_q.dtype
+
+    @property
+    def has_ffn_bias(self) -> bool:
+        return self.b_ff1 is not None
+
+    @property
+    def has_ln_affine(self) -> bool:
+        return self.ln1_gamma is not None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays that are present, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "_cache" and getattr(self, f.name) is not None}
+
+    def check(self, cfg: BlockConfig, name: str = "weights") -> "BlockWeights":
+        """Raise ValueError unless these weights fit ``cfg``; cheap after the first call."""
+        key = ("checked", cfg)
+        if key in self._cache:
+            return self
+        if not isinstance(cfg, BlockConfig):
+            raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+        if cfg.ffn_bias != self.has_ffn_bias:
+            raise ValueError(f"{name}: cfg.ffn_bias={cfg.ffn_bias} but the weights "
+                             f"{'have' if self.has_ffn_bias else 'lack'} b_ff1/b_ff2")
+        if cfg.ln_affine != self.has_ln_affine:
+            raise ValueError(f"{name}: cfg.ln_affine={cfg.ln_affine} but the weights "
+                             f"{'have' if self.has_ln_affine else 'lack'} LayerNorm gamma/beta")
+        for field_name, a in self.arrays().items():
+            want = expected_shape(field_name, cfg)
+            if a.shape != want:
+                raise ValueError(f"{name}.{field_name} must have shape {want} for d_model={cfg.d_model}, "
+                                 f"d_ff={cfg.d_ff}, got {a.shape}")
+        self._cache[key] = True
+        return self
+
+    def prepared(self, key, build):
+        """Backend helper: ``build(self)`` once, then reuse it (the weights never change)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = build(self)
+            return value
+
+    def scaled(self, branch_scale: float) -> "BlockWeights":
+        """A copy with the two residual-branch output matrices (w_o, w_ff2) times ``branch_scale``."""
+        a = self.arrays()
+        a["w_o"] = a["w_o"] * a["w_o"].dtype.type(branch_scale)
+        a["w_ff2"] = a["w_ff2"] * a["w_ff2"].dtype.type(branch_scale)
+        return BlockWeights(**a)
+
+
+def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: float = 1.0) -> BlockWeights:
+    """The lesson's initialisation: N(0,1)/sqrt(d_model) for W_Q, W_K, W_V, W_O; He init
+    N(0,1)*sqrt(2/fan_in) for W_ff1 and W_ff2; ``w_o`` and ``w_ff2`` times ``branch_scale``
+    (nanoGPT's 1/sqrt(2N) for a stack of N). Biases start at 0, LayerNorm at gamma=1, beta=0.
+
+    Draws in the lesson's order from one ``numpy.random.default_rng(seed)`` stream, in float64,
+    then casts, so float32 and float64 weights of one seed agree to float32 rounding."""
+    if not isinstance(cfg, BlockConfig):
+        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    dtype = np.dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    branch_scale = float(branch_scale)
+    if not np.isfinite(branch_scale):
+        raise ValueError(f"branch_scale must be finite, got {branch_scale}")
+    rng = np.random.default_rng(seed)
+    d, f = cfg.d_model, cfg.d_ff
+    attn = 1.0 / np.sqrt(d)
+    w = dict(
+        w_q=rng.standard_normal((d, d)) * attn,
+        w_k=rng.standard_normal((d, d)) * attn,
+        w_v=rng.standard_normal((d, d)) * attn,
+        w_o=rng.standard_normal((d, d)) * attn * branch_scale,
+        w_ff1=rng.standard_normal((d, f)) * np.sqrt(2.0 / d),
+        w_ff2=rng.standard_normal((f, d)) * np.sqrt(2.0 / f) * branch_scale,
+    )
+    if cfg.ffn_bias:
+        w.update(b_ff1=np.zeros(f), b_ff2=np.zeros(d))
+    if cfg.ln_affine:
+        w.update(ln1_gamma=np.ones(d), ln1_beta=np.zeros(d), ln2_gamma=np.ones(d), ln2_beta=np.zeros(d))
+    return BlockWeights(**{k: v.astype(dtype) for k, v in w.items()})
