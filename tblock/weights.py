@@ -6,6 +6,7 @@ Row convention throughout, as in the lesson: a layer acts by right-multiplicatio
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -33,7 +34,7 @@ def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
     """Check that ``value`` is a real float32/float64 array (never converting ints,
     complex or objects silently) and return it as an ndarray (no copy)."""
     if not isinstance(value, np.ndarray):
-        if isinstance(value, (list, tuple)) or np.isscalar(value):
+        if isinstance(value, (list, tuple, numbers.Number)):
             value = np.asarray(value)
         else:
             raise TypeError(f"{name} must be a numpy array, got {type(value).__name__}")

@@ -1,0 +1,203 @@
+"""Bad input gets a clear ValueError/TypeError naming the argument, and changes nothing."""
+
+import numpy as np
+import pytest
+
+import tblock
+
+CFG = tblock.BlockConfig(d_model=8, n_heads=2)
+
+
+@pytest.fixture
+def good(rng):
+    return rng.standard_normal((4, 8)), tblock.init_weights(CFG, seed=0, dtype=np.float64)
+
+
+def weights_with(**replace):
+    a = {k: v.copy() for k, v in tblock.init_weights(CFG, seed=0, dtype=np.float64).arrays().items()}
+    a.update(replace)
+    return a
+
+
+# ---- BlockConfig ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(d_model=8, n_heads=3), ValueError, "d_model must be divisible by n_heads"),
+    (dict(d_model=0, n_heads=1), ValueError, "d_model must be >= 1, got 0"),
+    (dict(d_model=8, n_heads=0), ValueError, "n_heads must be >= 1"),
+    (dict(d_model=8.0, n_heads=2), TypeError, "d_model must be an integer, got float"),
+    (dict(d_model=8, n_heads=True), TypeError, "n_heads must be an integer, got bool"),
+    (dict(d_model=8, n_heads=2, d_ff=0), ValueError, "d_ff must be >= 1"),
+    (dict(d_model=8, n_heads=2, norm="mid"), ValueError, "norm must be one of"),
+    (dict(d_model=8, n_heads=2, activation="swish"), ValueError, "activation must be one of"),
+    (dict(d_model=8, n_heads=2, causal=1), TypeError, "causal must be a bool"),
+    (dict(d_model=8, n_heads=2, eps=0.0), ValueError, "eps must be positive and finite"),
+    (dict(d_model=8, n_heads=2, eps=float("nan")), ValueError, "eps must be positive"),
+    (dict(d_model=8, n_heads=2, eps="1e-5"), TypeError, "eps must be a real number"),
+    (dict(d_model=8, n_heads=2, ffn_bias="yes"), TypeError, "ffn_bias must be a bool"),
+    (dict(d_model=8, n_heads=2, ln_affine=None), TypeError, "ln_affine must be a bool"),
+])
+def test_bad_config(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        tblock.BlockConfig(**kwargs)
+
+
+def test_config_is_frozen_and_resolves_d_ff():
+    assert CFG.d_ff == 32 and CFG.d_k == 4
+    with pytest.raises(AttributeError):
+        CFG.d_model = 16
+
+
+# ---- input H -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("H, exc, words", [
+    (np.zeros(8), ValueError, r"H must be \(T, d_model\) or \(B, T, d_model\), got shape \(8,\)"),
+    (np.zeros((1, 2, 4, 8)), ValueError, "H must be .* got shape"),
+    (np.zeros((4, 7)), ValueError, r"H must have d_model=8 columns, got shape \(4, 7\)"),
+    (np.zeros((0, 8)), ValueError, r"at least one token \(T >= 1\)"),
+    (np.zeros((2, 0, 8)), ValueError, r"T >= 1"),
+    (np.zeros((0, 4, 8)), ValueError, r"B >= 1"),
+    (np.zeros((4, 8), dtype=np.int64), TypeError, "H must have dtype float32 or float64, got int64"),
+    (np.zeros((4, 8), dtype=np.complex128), TypeError, "got complex128"),
+    (np.zeros((4, 8), dtype=object), TypeError, "got object"),
+    (np.zeros((4, 8), dtype=np.float16), TypeError, "got float16"),
+    ("not an array", TypeError, "H must be a numpy array, got str"),
+])
+def test_bad_input_array(good, backend, H, exc, words):
+    _, w = good
+    with pytest.raises(exc, match=words):
+        tblock.forward(H, w, CFG, backend=backend)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input(good, backend, bad):
+    H, w = good
+    H[2, 5] = bad
+    before = H.copy()
+    with pytest.raises(ValueError, match=r"H must be finite, found .* at index \(2, 5\)"):
+        tblock.forward(H, w, CFG, backend=backend)
+    np.testing.assert_array_equal(H, before)
+
+
+# ---- weights --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("replace, exc, words", [
+    (dict(w_q=np.zeros((8, 7))), ValueError, r"w_q must have shape \(8, 8\) .* got \(8, 7\)"),
+    (dict(w_ff1=np.zeros((8, 16))), ValueError, r"w_ff1 must have shape \(8, 32\)"),
+    (dict(w_ff2=np.zeros((8, 32))), ValueError, r"w_ff2 must have shape \(32, 8\)"),
+])
+def test_weights_that_do_not_match_the_config(good, replace, exc, words):
+    H, _ = good
+    w = tblock.BlockWeights(**weights_with(**replace))
+    with pytest.raises(exc, match=words):
+        tblock.forward(H, w, CFG)
+
+
+@pytest.mark.parametrize("replace, exc, words", [
+    (dict(w_q=np.zeros(8)), ValueError, "w_q must be 2-D, got shape"),
+    (dict(w_k=np.zeros((8, 8), dtype=np.int32)), TypeError, "w_k must have dtype float32 or float64, got int32"),
+    (dict(w_v=np.zeros((8, 8), dtype=complex)), TypeError, "w_v must have dtype .* got complex128"),
+    (dict(w_o=None), TypeError, "w_o is required"),
+    (dict(w_ff1=np.full((8, 32), np.nan)), ValueError, r"w_ff1 must be finite, found nan at index \(0, 0\)"),
+    (dict(w_ff2=np.full((32, 8), np.inf)), ValueError, "w_ff2 must be finite"),
+    (dict(b_ff1=np.zeros(32)), ValueError, "b_ff1 and b_ff2 must be given together"),
+    (dict(ln1_gamma=np.ones(8)), ValueError, "must be given together"),
+    (dict(w_q=[[1, 2]]), TypeError, "w_q must have dtype float32 or float64, got int64"),
+])
+def test_bad_weights_are_rejected_at_construction(replace, exc, words):
+    with pytest.raises(exc, match=words):
+        tblock.BlockWeights(**weights_with(**replace))
+
+
+def test_weights_flags_must_match_config(good):
+    H, w = good
+    with pytest.raises(ValueError, match="cfg.ffn_bias=True but the weights lack b_ff1/b_ff2"):
+        tblock.forward(H, w, tblock.BlockConfig(d_model=8, n_heads=2, ffn_bias=True))
+    with pytest.raises(ValueError, match="cfg.ln_affine=True but the weights lack"):
+        tblock.forward(H, w, tblock.BlockConfig(d_model=8, n_heads=2, ln_affine=True))
+    wb = tblock.init_weights(tblock.BlockConfig(d_model=8, n_heads=2, ffn_bias=True), seed=0)
+    with pytest.raises(ValueError, match="cfg.ffn_bias=False but the weights have b_ff1/b_ff2"):
+        tblock.forward(H, wb, CFG)
+
+
+def test_bias_shapes_checked(good):
+    H, _ = good
+    cfg = tblock.BlockConfig(d_model=8, n_heads=2, ffn_bias=True)
+    w = tblock.BlockWeights(**weights_with(b_ff1=np.zeros(31), b_ff2=np.zeros(8)))
+    with pytest.raises(ValueError, match=r"b_ff1 must have shape \(32,\)"):
+        tblock.forward(H, w, cfg)
+
+
+def test_weights_are_private_copies():
+    a = weights_with()
+    w = tblock.BlockWeights(**a)
+    a["w_q"][0, 0] = 1e6                       # the caller edits its array afterwards
+    assert w.w_q[0, 0] != 1e6
+    with pytest.raises(ValueError):
+        w.w_q[0, 0] = 1.0                      # and the copy is read-only
+
+
+# ---- other arguments ------------------------------------------------------------------------
+
+def test_unknown_backend(good):
+    H, w = good
+    with pytest.raises(ValueError, match=r"backend must be one of \('numpy', 'numba', 'c'\), got 'cuda'"):
+        tblock.forward(H, w, CFG, backend="cuda")
+    with pytest.raises(TypeError, match="backend must be a str"):
+        tblock.forward(H, w, CFG, backend=3)
+
+
+def test_unknown_option(good):
+    H, w = good
+    with pytest.raises(TypeError, match="unexpected keyword argument 'causal'"):
+        tblock.forward(H, w, CFG, causal=False)
+    with pytest.raises(TypeError, match="trace must be a bool, got str"):
+        tblock.forward(H, w, CFG, trace="yes")
+
+
+def test_wrong_argument_types(good):
+    H, w = good
+    with pytest.raises(TypeError, match="cfg must be a BlockConfig, got dict"):
+        tblock.forward(H, w, {"d_model": 8})
+    with pytest.raises(TypeError, match="weights must be a BlockWeights, got dict"):
+        tblock.forward(H, w.arrays(), CFG)
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(dtype=np.int32), TypeError, "dtype must be float32 or float64, got int32"),
+    (dict(branch_scale=np.nan), ValueError, "branch_scale must be finite"),
+])
+def test_bad_init_weights(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        tblock.init_weights(CFG, seed=0, **kwargs)
+
+
+def test_bad_stack_arguments():
+    w = tblock.init_weights(CFG, seed=0)
+    with pytest.raises(ValueError, match="at least one block"):
+        tblock.Stack(CFG, [])
+    with pytest.raises(TypeError, match="must be a list of BlockWeights"):
+        tblock.Stack(CFG, w)
+    with pytest.raises(TypeError, match=r"weights\[1\] must be a BlockWeights, got str"):
+        tblock.Stack(CFG, [w, "w"])
+    other = tblock.init_weights(tblock.BlockConfig(d_model=8, n_heads=2, d_ff=16), seed=0)
+    with pytest.raises(ValueError, match=r"weights\[1\].w_ff1 must have shape"):
+        tblock.Stack(CFG, [w, other])
+    with pytest.raises(ValueError, match="n_layers must be a positive integer"):
+        tblock.Stack.init(CFG, 0, seed=0)
+
+
+def test_forward_never_modifies_its_inputs(good, backend):
+    H, w = good
+    H_before, w_before = H.copy(), {k: v.copy() for k, v in w.arrays().items()}
+    tblock.forward(H, w, CFG, backend=backend, trace=True)
+    tblock.forward(H[None], w, CFG, backend=backend)
+    np.testing.assert_array_equal(H, H_before)
+    for k, v in w.arrays().items():
+        np.testing.assert_array_equal(v, w_before[k])
+
+
+def test_output_does_not_alias_input(good, backend):
+    H, w = good
+    out = tblock.forward(H, w, CFG, backend=backend)
+    assert not np.shares_memory(out, H)
