@@ -69,7 +69,13 @@ def available_backends() -> list[str]:
     return out
 
 
+_LOADED = {}   # backend name -> module, once it has imported and said it can run
+
+
 def get_backend(name):
+    module = _LOADED.get(name)          # the hot path: one dict lookup per forward
+    if module is not None:
+        return module
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str, one of {tuple(BACKEND_MODULES)}, got {type(name).__name__}")
     if name not in BACKEND_MODULES:
@@ -83,6 +89,7 @@ def get_backend(name):
     check = getattr(module, "ensure_available", None)
     if check is not None:
         check()  # raises BackendUnavailable with instructions
+    _LOADED[name] = module
     return module
 
 
@@ -114,6 +121,8 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     module = get_backend(DEFAULT_BACKEND if backend is None else backend)
     weights.check(cfg)
     H = check_input(H, cfg)
+    if not H.dtype.isnative:
+        H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
     H3 = np.ascontiguousarray(H.reshape((-1,) + H.shape[-2:]))   # (B, T, d_model), B=1 for 2-D
     H3 = H3.view()
     H3.flags.writeable = False          # a backend cannot write into the caller's array

@@ -38,7 +38,7 @@ def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
             value = np.asarray(value)
         else:
             raise TypeError(f"{name} must be a numpy array, got {type(value).__name__}")
-    if value.dtype not in FLOAT_DTYPES:
+    if value.dtype.char not in "fd":    # float32, float64; cheaper than comparing dtypes
         raise TypeError(f"{name} must have dtype float32 or float64, got {value.dtype}")
     if ndim is not None and value.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {value.shape}")
@@ -86,7 +86,7 @@ class BlockWeights:
         if any(arrays.get(n) is None for n in LN_AFFINES) and any(arrays.get(n) is not None for n in LN_AFFINES):
             raise ValueError("ln1_gamma, ln1_beta, ln2_gamma, ln2_beta must be given together, got only some")
         # one dtype for the whole set: float64 if any array is float64
-        dtype = np.result_type(*arrays.values())
+        dtype = np.result_type(*arrays.values()).newbyteorder("=")   # native byte order
         for name, a in arrays.items():
             # a private, C-contiguous, read-only copy: later edits to the caller's
             # arrays cannot change (or invalidate the cached checks of) these weights

@@ -201,3 +201,14 @@ def test_output_does_not_alias_input(good, backend):
     H, w = good
     out = tblock.forward(H, w, CFG, backend=backend)
     assert not np.shares_memory(out, H)
+
+
+def test_big_endian_input_and_weights_work(good, backend):
+    H, w = good
+    want = tblock.forward(H, w, CFG, backend=backend)
+    H_be = H.astype(">f8")
+    got = tblock.forward(H_be, w, CFG, backend=backend)
+    np.testing.assert_array_equal(got, want)
+    w_be = tblock.BlockWeights(**{k: v.astype(">f8") for k, v in w.arrays().items()})
+    assert w_be.dtype.isnative
+    np.testing.assert_array_equal(tblock.forward(H, w_be, CFG, backend=backend), want)
