@@ -9,22 +9,20 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tblock", description="A fast, verified transformer block for the CPU.")
     sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="worked example through every backend, counts and timings")
-    rep.add_argument("--d-model", type=int, default=768, help="d_model of the timed config (default 768)")
-    rep.add_argument("--n-heads", type=int, default=12, help="heads of the timed config (default 12)")
-    rep.add_argument("-T", "--tokens", type=int, default=1024, help="sequence length of the timed config")
+    rep = sub.add_parser("report", help="time every component of every backend over a T sweep; "
+                                        "write report.md, report.json and plots",
+                         description="Worked example through every backend, GEMM ceilings, then every "
+                                     "component timed over a sweep of T: where attention overtakes the FFN.")
+    from .report import add_arguments
+    add_arguments(rep)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "report":
-        from .report import run_report
-        try:
-            return run_report(d_model=args.d_model, n_heads=args.n_heads, T=args.tokens)
-        except (ValueError, TypeError) as e:
-            print(f"tblock report: error: {e}", file=sys.stderr)
-            return 2
+        from . import report
+        return report.main(args, "tblock " + " ".join(sys.argv[1:] if argv is None else argv))
     return 1
 
 

@@ -1,17 +1,55 @@
-"""``tblock report``: the worked example through every backend, counts, and one timing."""
+"""``tblock report``: where the time of one block goes, and where attention overtakes the FFN.
+
+The report measures the machine's GEMM ceilings, then sweeps the sequence length T for one
+block config and times every component (tblock.components) of every backend separately,
+next to the FLOPs tblock.flops gives for it. It writes a folder (report.md, report.json,
+PNG plots) and prints a summary. The FLOP model says scores + AV (4 T^2 d_model for the full
+square, about half that causal) catch up with the FFN's 4 T d_model d_ff at T = d_ff
+(4 d_model), or about 8 d_model causal; the report puts the measured crossover next to it.
+
+``tblock report --compare A.json B.json`` prints two saved reports side by side.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import datetime as _dt
+import io
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from . import api
+from . import api, components
+from .components import COMPONENTS, component_flops, sublayer_crossover_T
 from .config import BlockConfig
-from .counting import COMPONENTS, flops, param_count
+from .counting import crossover_T, param_count
 from .weights import init_weights
 from .worked_example import LESSON_PRINTED, load_worked_example
 
+SCHEMA = "tblock-report/1"
+PLOTS = ("time_vs_T.png", "flops_vs_T.png", "gflops_vs_T.png")
+LABELS = {"layernorm": "layernorm", "softmax": "softmax", "attention_core": "attn core",
+          "attention": "attention", "ffn": "ffn", "block": "block"}
+
+
+class ReportError(ValueError):
+    """A bad option: the CLI prints it and exits with status 2, having written nothing."""
+
+
+# ---------------------------------------------------------------------------------------
+# the foundation's worked example, kept: every backend against the lesson's printed numbers
 
 def entropy_bits(A):
     """Row entropies of an attention matrix in bits (0 log 0 = 0)."""
@@ -45,50 +83,1082 @@ def _fmt(v):
     return "[" + ", ".join(f"{float(x):.6f}" for x in np.ravel(v)) + "]"
 
 
-def time_forward(H, w, cfg, backend, repeats=3):
-    """Best-of-``repeats`` wall time of one forward; one untimed call first (compilation, caches)."""
-    api.forward(H, w, cfg, backend=backend)
-    best = np.inf
-    for _ in range(repeats):
+def _jsonable(v):
+    return float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]
+
+
+# ---------------------------------------------------------------------------------------
+# options
+
+@dataclass
+class ReportOptions:
+    d_model: int = 384
+    n_heads: int = 6
+    T_list: list = field(default_factory=list)
+    backends: list = field(default_factory=list)
+    unavailable: dict = field(default_factory=dict)   # default backends that cannot run here -> why
+    dtype: str = "float32"
+    causal: bool = True
+    out: str = "tblock-report"
+    mode: str = "quick"
+    threads: int = 1
+    repeats: int = 3
+    min_repeat_s: float = 0.01      # tiny calls are looped until one repeat lasts this long
+    target_s: float = 0.1           # cheap points get more repeats, up to about this long
+    point_budget_s: float = 6.0     # a backend stops once one T would take longer than this
+    mem_limit_bytes: int = 2 << 30  # skip a component whose (n_heads, T, T) arrays would exceed it
+    ceiling_sizes: tuple = (512, 1024, 2048)
+    plots: bool = True
+    seed: int = 0
+
+
+MODES = {
+    # (T_max in d_model, points per doubling of T, repeats, min_repeat_s, target_s, point budget s)
+    "quick": (8, 1, 3, 0.01, 0.1, 6.0),
+    "full": (16, 2, 7, 0.05, 1.0, 120.0),
+}
+
+
+def default_T_list(d_model: int, mode: str, T_min: int | None = None, T_max: int | None = None) -> list[int]:
+    """Geometric T from d_model/8 to 8 d_model (16 d_model with --full); the points land on
+    d_model * 2^k, so 4 d_model and 8 d_model, the FLOP model's crossovers, are measured."""
+    top, per_doubling = MODES[mode][0], MODES[mode][1]
+    lo = max(1, d_model // 8) if T_min is None else T_min
+    hi = top * d_model if T_max is None else T_max
+    grid = set()
+    for k in range(-40 * per_doubling, 40 * per_doubling + 1):
+        T = int(round(d_model * 2.0 ** (k / per_doubling)))
+        if lo <= T <= hi:
+            grid.add(T)
+    grid.update(T for T in (lo, hi) if T >= 1)      # the requested ends are always measured
+    return sorted(grid)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``report`` subcommand's options (tblock.cli builds the parser)."""
+    p.add_argument("--d-model", type=int, default=384, help="d_model of the swept block (default 384)")
+    p.add_argument("--n-heads", type=int, default=None,
+                   help="heads (default d_model/64: 6 for 384, 12 for 768)")
+    p.add_argument("--T-min", type=int, default=None, help="smallest T of the sweep (default d_model/8)")
+    p.add_argument("--T-max", type=int, default=None,
+                   help="largest T of the sweep (default 8*d_model, 16*d_model with --full)")
+    p.add_argument("--T-list", default=None, help="explicit comma-separated T values, e.g. 64,256,1024")
+    p.add_argument("-T", "--tokens", type=int, default=None, help="time a single T (same as --T-list T)")
+    p.add_argument("--backends", default=None,
+                   help=f"comma-separated, from {','.join(components.BACKENDS)} (default: every one that runs here)")
+    p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                   help="causal mask (default) or the full square (--no-causal)")
+    p.add_argument("--out", default="tblock-report", help="report folder (default ./tblock-report)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="the default: T up to 8*d_model, 3 repeats; under 2 minutes on 2 cores")
+    mode.add_argument("--full", dest="mode", action="store_const", const="full",
+                      help="T up to 16*d_model at sqrt(2) steps, 7 repeats, larger budgets")
+    p.set_defaults(mode="quick")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for numba, BLAS and torch (default: every core this process may use)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median reported)")
+    p.add_argument("--point-budget", type=float, default=None,
+                   help="seconds one backend may spend on one T; larger T are skipped once exceeded "
+                        "(default 6 quick, 120 full)")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="print two saved report.json side by side with ratios, then exit")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
+
+
+def _positive(name, value):
+    if value is not None and value < 1:
+        raise ReportError(f"{name} must be >= 1, got {value}")
+
+
+def resolve_options(args: argparse.Namespace) -> ReportOptions:
+    """Check every option and turn the namespace into ReportOptions; raises ReportError
+    naming the option, before anything is measured or written."""
+    _positive("--d-model", args.d_model)
+    d_model = args.d_model
+    if args.n_heads is None:
+        if d_model % 64:
+            raise ReportError(f"--n-heads is needed: d_model={d_model} is not a multiple of 64, "
+                              "so there is no default head count")
+        n_heads = d_model // 64
+    else:
+        _positive("--n-heads", args.n_heads)
+        n_heads = args.n_heads
+    if d_model % n_heads:
+        raise ReportError(f"--n-heads: d_model={d_model} is not divisible by n_heads={n_heads}")
+    if args.dtype not in ("float32", "float64"):
+        raise ReportError(f"--dtype must be float32 or float64, got {args.dtype!r}")
+
+    explicit = [args.T_list is not None, args.tokens is not None, args.T_min is not None or args.T_max is not None]
+    if sum(explicit) > 1:
+        raise ReportError("--T-list, -T/--tokens and --T-min/--T-max cannot be combined: give one of them")
+    if args.T_list is not None:
+        try:
+            T_list = sorted({int(x) for x in args.T_list.split(",") if x.strip()})
+        except ValueError:
+            raise ReportError(f"--T-list must be comma-separated integers, got {args.T_list!r}") from None
+        if not T_list:
+            raise ReportError("--T-list is empty: the T range must hold at least one T")
+        if T_list[0] < 1:
+            raise ReportError(f"--T-list values must be >= 1, got {T_list[0]}")
+    elif args.tokens is not None:
+        _positive("-T/--tokens", args.tokens)
+        T_list = [args.tokens]
+    else:
+        _positive("--T-min", args.T_min)
+        _positive("--T-max", args.T_max)
+        lo = max(1, d_model // 8) if args.T_min is None else args.T_min
+        hi = MODES[args.mode][0] * d_model if args.T_max is None else args.T_max
+        if lo > hi:
+            raise ReportError(f"the T range is empty: --T-min {lo} is greater than --T-max {hi}")
+        T_list = default_T_list(d_model, args.mode, lo, hi)
+
+    unavailable = {}
+    if args.backends is None:
+        backends = []
+        for b in components.BACKENDS:
+            ok, why = components.backend_status(b)
+            (backends.append(b) if ok else unavailable.__setitem__(b, why))
+    else:
+        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        if not backends:
+            raise ReportError("--backends is empty: name at least one backend")
+        for b in backends:
+            if b not in components.BACKENDS:
+                raise ReportError(f"--backends: unknown backend {b!r}; choose from {', '.join(components.BACKENDS)}")
+            ok, why = components.backend_status(b)
+            if not ok:
+                raise ReportError(f"--backends: backend {b!r} cannot run here: {why}")
+        backends = list(dict.fromkeys(backends))     # drop repeats, keep the order
+
+    threads = usable_cores() if args.threads is None else args.threads
+    _positive("--threads", threads)
+    _positive("--repeats", args.repeats)
+    if args.point_budget is not None and not args.point_budget > 0:
+        raise ReportError(f"--point-budget must be > 0 seconds, got {args.point_budget}")
+    out = check_out_folder(args.out)
+    _, _, repeats, min_repeat_s, target_s, budget = MODES[args.mode]
+    return ReportOptions(
+        d_model=d_model, n_heads=n_heads, T_list=T_list, backends=backends, unavailable=unavailable,
+        dtype=args.dtype, causal=args.causal, out=str(out), mode=args.mode, threads=threads,
+        repeats=repeats if args.repeats is None else args.repeats, min_repeat_s=min_repeat_s,
+        target_s=target_s, point_budget_s=budget if args.point_budget is None else args.point_budget,
+        ceiling_sizes=(512, 1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072),
+        plots=args.plots)
+
+
+def check_out_folder(out: str) -> Path:
+    """The report folder must be creatable (or an old report, which is replaced whole);
+    checked by really creating and removing a probe folder, since os.access lies to root."""
+    path = Path(out).expanduser().absolute()
+    if path.exists():
+        if not path.is_dir():
+            raise ReportError(f"--out {out!r} exists and is not a folder")
+        if any(path.iterdir()) and not (path / "report.json").is_file():
+            raise ReportError(f"--out {out!r} is a non-empty folder without a report.json; "
+                              "refusing to replace it (choose another --out)")
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ReportError(f"--out {out!r} cannot be created: {ancestor} is not a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".tblock-probe-", dir=ancestor)
+        os.rmdir(probe)
+    except OSError as e:
+        raise ReportError(f"--out {out!r} is not writable: {e.strerror} in {ancestor}") from None
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# the machine: threads, versions, BLAS
+
+@contextlib.contextmanager
+def pinned_threads(n: int, with_torch: bool):
+    """Run the body with numba, the BLAS (and OpenMP) pools and torch all at ``n`` threads;
+    yields the counts actually in force, and restores the previous ones."""
+    counts = {"requested": n}
+    undo = []
+    try:
+        import numba
+        old = numba.get_num_threads()
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        counts["numba"] = numba.get_num_threads()
+        undo.append(lambda: numba.set_num_threads(old))
+    except ImportError:
+        counts["numba"] = None
+    if with_torch:
+        import torch        # before threadpoolctl, so it also limits torch's OpenMP pool
+        old_t = torch.get_num_threads()
+        torch.set_num_threads(n)
+        counts["torch"] = torch.get_num_threads()
+        undo.append(lambda: torch.set_num_threads(old_t))
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        counts["blas"] = "not pinned: threadpoolctl is not installed"
+        limiter = contextlib.nullcontext()
+    else:
+        limiter = threadpool_limits(limits=n)
+    try:
+        with limiter:
+            if "blas" not in counts:
+                counts["blas"] = {f"{i['internal_api']} {i.get('version') or ''}".strip(): i["num_threads"]
+                                  for i in threadpool_info()}
+            yield counts
+    finally:
+        for f in reversed(undo):
+            f()
+
+
+def _version(module):
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_info() -> list:
+    try:
+        from threadpoolctl import threadpool_info
+        return [{k: i.get(k) for k in ("user_api", "internal_api", "prefix", "version", "architecture",
+                                      "threading_layer", "num_threads", "filepath")} for i in threadpool_info()]
+    except ImportError:
+        try:
+            return [np.show_config(mode="dicts")["Build Dependencies"]["blas"]]
+        except Exception as e:
+            return [f"unknown ({e})"]
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict:
+    from . import __version__
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "versions": {"tblock": __version__, "numpy": np.__version__, "scipy": _version("scipy"),
+                     "numba": _version("numba"), "cffi": _version("cffi"), "torch": _version("torch"),
+                     "matplotlib": _version("matplotlib"), "threadpoolctl": _version("threadpoolctl")},
+        "git_commit": git_commit(),
+        "blas": blas_info(),
+        "loadavg_start": list(load) if load else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# timing
+
+def measure(fn, args, repeats: int, min_repeat_s: float, target_s: float = 0.0) -> dict:
+    """Time ``fn(*args)``: the first call on its own (compilation and first touch land there),
+    a second call to size the loop, then at least ``repeats`` repeats of ``inner`` calls each
+    (more, up to 25, while they fit in ``target_s``: cheap points get a sturdier median on a
+    noisy machine); per-call median and minimum over the repeats."""
+    t0 = time.perf_counter()
+    fn(*args)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fn(*args)
+    second = time.perf_counter() - t0
+    # loop short calls so a repeat is well above the timer's resolution and call overhead
+    inner = int(min(10_000, max(1, math.ceil(min_repeat_s / max(second, 1e-9)))))
+    n = max(repeats, min(25, int(target_s / max(inner * second, 1e-9))))
+    times = []
+    for _ in range(n):
         t0 = time.perf_counter()
-        api.forward(H, w, cfg, backend=backend)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        for _ in range(inner):
+            fn(*args)
+        times.append((time.perf_counter() - t0) / inner)
+    return {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times),
+            "times_s": times, "inner": inner, "repeats": n}
 
 
-def run_report(d_model=768, n_heads=12, T=1024, out=print):
-    backends = api.available_backends()
-    out("tblock report")
-    out("=============")
-    out(f"backends available: {', '.join(backends)}")
+def gemm_ceilings(sizes, repeats: int, with_torch: bool) -> dict:
+    """Best GFLOP/s of an n x n matmul through numpy's BLAS (and torch's, when timed), per dtype:
+    the yardstick for '% of ceiling'. 2 n^3 FLOPs per product."""
+    out = {}
+    rng = np.random.default_rng(0)
+    for dtype in ("float32", "float64"):
+        runs = []
+        for n in sizes:
+            a = rng.standard_normal((n, n)).astype(dtype)
+            b = rng.standard_normal((n, n)).astype(dtype)
+            m = measure(np.matmul, (a, b), repeats, 0.05)
+            runs.append({"library": "numpy", "n": n, "gflops": 2 * n ** 3 / m["min_s"] / 1e9})
+            if with_torch:
+                import torch
+                ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+                m = measure(torch.mm, (ta, tb), repeats, 0.05)
+                runs.append({"library": "torch", "n": n, "gflops": 2 * n ** 3 / m["min_s"] / 1e9})
+        best = max(runs, key=lambda r: r["gflops"])
+        out[dtype] = {"gflops": best["gflops"], "source": f"{best['library']} matmul n={best['n']}", "runs": runs}
+    return out
+
+
+class Progress:
+    """A text progress bar on stderr: redrawn in place on a terminal, a line per step otherwise."""
+
+    def __init__(self, total: int, stream=None, width: int = 28):
+        self.total, self.done, self.width = max(1, total), 0, width
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, label: str, n: int = 1):
+        self.done = min(self.total, self.done + n)
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = f"[{bar}] {self.done:>3}/{self.total} {time.perf_counter() - self.t0:6.1f}s {label}"
+        if self.tty:
+            self.stream.write("\r" + line[:110].ljust(110))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# the sweep
+
+def _point_memory(cfg, T, component, backend, dtype) -> int:
+    """Rough peak bytes of one component call: its (n_heads, T, T) arrays dominate."""
+    if component not in ("softmax", "attention_core", "attention", "block"):
+        return 0
+    # the numpy oracle keeps every head's float64 A plus masks and temporaries
+    item = 8 if backend in ("numpy", "c") else np.dtype(dtype).itemsize
+    square = cfg.n_heads * T * T * item
+    if component == "softmax":
+        return 3 * square                     # input, output (and its mask)
+    return 3 * square if backend == "numpy" else 0    # the others tile or go head by head
+
+
+def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int) -> float:
+    """Seconds one backend would spend on T_next: each component's fastest call at the last T,
+    scaled by its full-square FLOPs (the slow backends compute all of the square, and it
+    over- rather than under-estimates a causal kernel), times the calls a measurement makes."""
+    fl = component_flops(cfg, T_next)["full"]
+    return sum(r["min_s"] * fl[r["component"]] / r["flops_full"] * (repeats + 2)
+               for r in rows if r["status"] == "ok")
+
+
+def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None) -> dict:
+    """Time every component of every prepared backend at every T; returns the JSON-ready
+    results. Backend by backend, so one library's idle-spinning thread pool (OpenBLAS spins
+    for a while after each call) does not steal cores from the next library's calls."""
+    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    dtype = np.dtype(opts.dtype)
+    kind = "causal" if cfg.causal else "full"
+    per_backend = {}
+    for b in opts.backends:
+        cs = sets[b]
+        rec = per_backend[b] = {"compute_dtype": str(cs.compute_dtype), "prepare_s": cs.prepare_s,
+                                "notes": list(cs.notes), "missing": dict(cs.missing), "skipped": {}, "results": []}
+        time.sleep(0.2)     # let the previous backend's pools fall asleep
+        stopped, last = None, []
+        for T in opts.T_list:
+            if stopped is None and last:
+                est = estimate_point_s(last, T, cfg, opts.repeats)
+                if est > opts.point_budget_s:
+                    stopped = (f"T >= {T} skipped: estimated {est:.1f} s for T={T} (from the times at "
+                               f"T={last[0]['T']}, scaled by FLOPs) exceeds the {opts.point_budget_s:g} s "
+                               "point budget (--point-budget)")
+            if stopped is not None:
+                rec["skipped"][str(T)] = stopped
+                if progress:
+                    progress.step(f"{b} T={T} skipped", len(COMPONENTS))
+                continue
+            fl = component_flops(cfg, T)
+            inputs = components.make_inputs(cfg, T, dtype, seed=opts.seed + T,
+                                            components=[c for c in COMPONENTS if cs.available(c)])
+            last = []
+            for c in COMPONENTS:
+                row = {"T": T, "component": c, "flops_full": fl["full"][c], "flops_causal": fl["causal"][c],
+                       "flops": fl[kind][c]}
+                mem = _point_memory(cfg, T, c, b, dtype)
+                if c in cs.missing:
+                    row.update(status="n/a", reason=cs.missing[c])
+                elif mem > opts.mem_limit_bytes:
+                    row.update(status="skipped", reason=f"needs about {mem / 2**30:.1f} GiB "
+                                                         f"(> {opts.mem_limit_bytes / 2**30:.1f} GiB limit)")
+                else:
+                    m = measure(cs.fns[c], inputs[c], opts.repeats, opts.min_repeat_s, opts.target_s)
+                    row.update(status="ok", **m)
+                    row["gflops"] = row["flops"] / m["median_s"] / 1e9
+                    last.append(row)
+                rec["results"].append(row)
+                if progress:
+                    progress.step(f"{b} T={T} {c}")
+            del inputs
+    return {"config": {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_k": cfg.d_k, "d_ff": cfg.d_ff,
+                       "causal": cfg.causal, "norm": cfg.norm, "activation": cfg.activation,
+                       "dtype": str(dtype), "batch": 1},
+            "backends": per_backend}
+
+
+# ---------------------------------------------------------------------------------------
+# analysis: ceilings, crossovers, ratios
+
+def add_derived(data: dict) -> None:
+    """Fill in % of ceiling, the crossovers and the backend ratios from the raw timings."""
+    ceil = data["ceilings"]
+    for b, rec in data["backends"].items():
+        c_gf = ceil[rec["compute_dtype"]]["gflops"]
+        for row in rec["results"]:
+            if row["status"] == "ok":
+                row["pct_ceiling"] = 100.0 * row["gflops"] / c_gf
+        rec["crossover"] = {
+            "attention_vs_ffn": measured_crossover(rec["results"], "attention", "ffn"),
+            "core_vs_ffn": measured_crossover(rec["results"], "attention_core", "ffn"),
+        }
+        rec["first_call_overhead_s"] = first_call_overheads(rec["results"])
+    data["summary"] = backend_ratios(data)
+
+
+def _times(results, component) -> dict[int, float]:
+    return {r["T"]: r["median_s"] for r in results if r["component"] == component and r["status"] == "ok"}
+
+
+def measured_crossover(results, num: str, den: str) -> dict:
+    """Where time(num) overtakes time(den): the first T-interval where the ratio goes from
+    below 1 to at least 1, interpolated linearly in log T against log ratio. Also the ratio of
+    achieved GFLOP/s (num over den) there: time equality needs FLOPs(num)/FLOPs(den) = that
+    rate ratio, which is what moves the measured T away from the FLOP model's."""
+    a, f = _times(results, num), _times(results, den)
+    gf = {(r["component"], r["T"]): r["gflops"] for r in results if r["status"] == "ok"}
+    Ts = sorted(set(a) & set(f))
+    if len(Ts) < 1:
+        return {"T": None, "status": "not measured", "ratios": {}, "rate_ratio": None}
+    ratio = {T: a[T] / f[T] for T in Ts}
+
+    def rate_ratio(*Tb):
+        r = [gf[(num, T)] / gf[(den, T)] for T in Tb]
+        return math.exp(sum(map(math.log, r)) / len(r))
+
+    out = {"ratios": {str(T): ratio[T] for T in Ts}}
+    if all(r >= 1 for r in ratio.values()):
+        return {**out, "T": None, "rate_ratio": rate_ratio(Ts[0]),
+                "status": f"below the sweep: {num} is already slower at T={Ts[0]}"}
+    # the last upward crossing: from there on attention stays slower. Noise at small T can
+    # add earlier ones; they are counted so the report can say the curve was not clean.
+    ups = [(T0, T1) for T0, T1 in zip(Ts, Ts[1:]) if ratio[T0] < 1 <= ratio[T1]]
+    if ups and all(ratio[T] >= 1 for T in Ts if T >= ups[-1][1]):
+        T0, T1 = ups[-1]
+        x0, x1, y0, y1 = math.log(T0), math.log(T1), math.log(ratio[T0]), math.log(ratio[T1])
+        T = math.exp(x0 + (0 - y0) * (x1 - x0) / (y1 - y0))
+        crossings = sum(1 for u, v in zip(Ts, Ts[1:]) if (ratio[u] < 1) != (ratio[v] < 1))
+        note = "" if crossings == 1 else f" (the ratio crossed 1 {crossings} times: noisy timings)"
+        return {**out, "T": T, "rate_ratio": rate_ratio(T0, T1),
+                "status": f"measured between T={T0} and T={T1}{note}"}
+    if len(Ts) >= 2 and ratio[Ts[-1]] > ratio[Ts[-2]]:
+        # the last slope, extended: a hint where it would cross, clearly labelled as such
+        x0, x1 = math.log(Ts[-2]), math.log(Ts[-1])
+        y0, y1 = math.log(ratio[Ts[-2]]), math.log(ratio[Ts[-1]])
+        T = math.exp(x1 + (0 - y1) * (x1 - x0) / (y1 - y0))
+        return {**out, "T": None, "extrapolated_T": T, "rate_ratio": rate_ratio(Ts[-1]),
+                "status": f"above the sweep: {num} still faster at T={Ts[-1]}; the last slope reaches 1 near T={T:.0f}"}
+    return {**out, "T": None, "rate_ratio": rate_ratio(Ts[-1]),
+            "status": f"above the sweep: {num} still faster at T={Ts[-1]}"}
+
+
+def first_call_overheads(results) -> dict:
+    """Per component, at the first T it ran: first call minus the steady median (compilation,
+    first-touch of memory, lazy caches)."""
+    out = {}
+    for r in results:
+        if r["status"] == "ok" and r["component"] not in out:
+            out[r["component"]] = {"T": r["T"], "first_call_s": r["first_call_s"], "median_s": r["median_s"],
+                                   "overhead_s": max(0.0, r["first_call_s"] - r["median_s"])}
+    return out
+
+
+def backend_ratios(data: dict) -> dict:
+    """time(backend) / time(reference) per component: geometric mean over the T both measured,
+    with the range and the ratio at the largest common T. The reference is the first backend."""
+    names = list(data["backends"])
+    if not names:
+        return {"reference": None, "ratios": {}}
+    ref = names[0]
+    out = {"reference": ref, "ratios": {}}
+    for b in names[1:]:
+        for c in COMPONENTS:
+            tb, tr = _times(data["backends"][b]["results"], c), _times(data["backends"][ref]["results"], c)
+            Ts = sorted(set(tb) & set(tr))
+            if not Ts:
+                continue
+            r = [tb[T] / tr[T] for T in Ts]
+            out["ratios"].setdefault(b, {})[c] = {
+                "geomean": math.exp(sum(map(math.log, r)) / len(r)), "min": min(r), "max": max(r),
+                "n_T": len(Ts), "T_max": Ts[-1], "at_T_max": r[-1]}
+    return out
+
+
+def flop_model(cfg_d: dict) -> dict:
+    cfg = BlockConfig(d_model=cfg_d["d_model"], n_heads=cfg_d["n_heads"], causal=cfg_d["causal"])
+    return {"crossover_T_full": crossover_T(cfg, False), "crossover_T_causal": crossover_T(cfg, True),
+            "sublayer_crossover_T_full": sublayer_crossover_T(cfg, False),
+            "sublayer_crossover_T_causal": sublayer_crossover_T(cfg, True),
+            "four_d_model": 4 * cfg.d_model, "eight_d_model": 8 * cfg.d_model}
+
+
+# ---------------------------------------------------------------------------------------
+# report.md: a pure function of the JSON, so a saved report.json renders the same page
+
+def _ms(s):
+    return "-" if s is None else (f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs")
+
+
+def _flops(n):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n}"
+
+
+def _T(x):
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    # a "|" inside a cell (|H_in|) would end the cell: escape it
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(data: dict) -> str:
+    cfg, m, opts = data["config"], data["machine"], data["options"]
+    fm = data["flop_model"]
+    kind = "causal" if cfg["causal"] else "full square"
+    L = ["# tblock report", ""]
+    v = m["versions"]
+    L += [f"Made {m['date']} by `{data['command']}` in {data['elapsed_s']:.0f} s"
+          + (f" (tblock {v['tblock']}, git {m['git_commit']})." if m.get("git_commit") else f" (tblock {v['tblock']})."),
+          "",
+          f"- **Machine**: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable); {m['platform']}; "
+          f"load average {_load(m.get('loadavg_start'))} at the start, {_load(m.get('loadavg_end'))} at the end "
+          "(other work on the machine shows up as noise).",
+          f"- **Software**: Python {m['python']}, " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "tblock" and x)
+          + ".",
+          f"- **BLAS**: " + "; ".join(_blas_line(b) for b in m["blas"]) + ".",
+          f"- **Threads**: {_threads_line(data['threads'])}.",
+          f"- **Block**: d_model={cfg['d_model']}, n_heads={cfg['n_heads']} (d_k={cfg['d_k']}), d_ff={cfg['d_ff']}, "
+          f"{'causal' if cfg['causal'] else 'no mask (full square)'}, {cfg['norm']}-LN, {cfg['activation']}, "
+          f"no biases; inputs {cfg['dtype']}, one sequence (B=1).",
+          f"- **Parameters per block**: {data['params']['config']:,}; the lesson's toy (d_model=8, d_ff=32) "
+          f"{data['params']['toy']} (lesson: 808), {data['params']['toy_ln_affine']} with LN affines (lesson: 840).",
+          f"- **Sweep** ({opts['mode']}): T = {', '.join(str(T) for T in data['T'])}; median of {opts['repeats']} "
+          f"repeats after two warm-up calls; backends: {', '.join(data['backends'])}."]
+    busy = load_warning(m)
+    if busy:
+        L += [f"- **Warning**: {busy}"]
+    if opts.get("unavailable"):
+        L += [f"- **Not run**: " + "; ".join(f"{b} ({why})" for b, why in opts["unavailable"].items()) + "."]
+    L += [""]
+
+    L += ["## Machine ceilings", "",
+          "Best rate of an n x n matrix product through the BLAS in use (2 n³ FLOPs); "
+          "'% of ceiling' below is measured against the ceiling of the dtype a backend computes in.", ""]
+    rows = []
+    for dt, c in data["ceilings"].items():
+        runs = ", ".join(f"{r['library']} n={r['n']}: {r['gflops']:.1f}" for r in c["runs"])
+        rows.append([dt, f"**{c['gflops']:.1f}**", c["source"], runs])
+    L += _table(["dtype", "GFLOP/s", "best", "all runs (GFLOP/s)"], rows) + [""]
+
+    L += ["## Crossover: where attention's time overtakes the FFN's", ""]
+    model_T = fm["crossover_T_causal"] if cfg["causal"] else fm["crossover_T_full"]
+    rows = []
+    for b, rec in data["backends"].items():
+        sub, core = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
+        rr = core.get("rate_ratio")
+        rows.append([b, _T(sub["T"]) if sub["T"] else sub["status"], _T(core["T"]) if core["T"] else core["status"],
+                     "-" if rr is None else f"{rr:.2f}", "-" if rr is None else _T(model_T * rr)])
+    L += _table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
+                 "core GFLOP/s ÷ FFN GFLOP/s there", f"FLOP model {model_T:,.0f} × that rate ratio"], rows)
+    L += ["", f"FLOP model (tblock.flops), d_model={cfg['d_model']}:", "",
+          f"- attention **core** (scores + softmax + AV) against the FFN's two matmuls, `tblock.crossover_T`: "
+          f"T = {fm['crossover_T_full']:,.0f} = 4·d_model for the full square, "
+          f"T = {fm['crossover_T_causal']:,.0f} ≈ 8·d_model causal;",
+          f"- the whole attention **sublayer** (with its four d_model x d_model projections) against the whole FFN: "
+          f"T ≈ {fm['sublayer_crossover_T_full']:,.0f} (≈ 2·d_model) full square, "
+          f"T ≈ {fm['sublayer_crossover_T_causal']:,.0f} (≈ 4·d_model) causal.",
+          "",
+          "How to read it. The measured T is where the attention/FFN time ratio crosses 1, interpolated on "
+          "log-log axes between the two swept T around it. FLOPs alone would put the core's crossover at the "
+          "model's T; time is FLOPs divided by the achieved rate, and the core's FLOPs over the FFN's grow "
+          "linearly in T, so the core's time overtakes the FFN's at the model's T times (core GFLOP/s ÷ FFN "
+          "GFLOP/s), the last two columns. Attention's T² work runs slower per FLOP than the FFN's large GEMMs "
+          "(a softmax with exp and masking between two skinny d_k-wide products), so on a well-tuned backend "
+          "the rate ratio is below 1 and attention takes over before the FLOP model says. A backend that fills "
+          "the whole T x T square even when causal (the numpy oracle, the C reference) spends the full-square "
+          "work, which in the causal count shows as half the rate, and it crosses near 4·d_model; a kernel that "
+          "skips masked tiles can push it towards 8·d_model. An FFN that is slow for its FLOPs (elementwise "
+          "GELU passes in float64) pushes the crossover up instead.", ""]
+
+    s = data["summary"]
+    if s["ratios"]:
+        ref = s["reference"]
+        others = list(s["ratios"])
+        L += ["## Backend against backend", "",
+              f"time(backend) / time({ref}) for each component: geometric mean over the T both measured "
+              f"[range], and the ratio at the largest such T. Above 1: slower than {ref}.", ""]
+        rows = []
+        for c in COMPONENTS:
+            row = [LABELS[c]]
+            for b in others:
+                r = s["ratios"][b].get(c)
+                row.append("n/a" if r is None else
+                           f"{r['geomean']:.2f}x [{r['min']:.2f}–{r['max']:.2f}], {r['at_T_max']:.2f}x at T={r['T_max']}")
+            rows.append(row)
+        L += _table(["component"] + [f"{b} / {ref}" for b in others], rows) + [""]
+
+    L += [f"## FLOPs per component (tblock.flops; {kind} count, full square in brackets when it differs)", ""]
+    rows = []
+    for T in data["T"]:
+        f = data["flops"][str(T)]
+        k = "causal" if cfg["causal"] else "full"
+        cells = []
+        for c in COMPONENTS:
+            cell = _flops(f[k][c])
+            if f["full"][c] != f[k][c]:
+                cell += f" [{_flops(f['full'][c])}]"
+            cells.append(cell)
+        ratio = f[k]["attention"] / f[k]["ffn"]
+        rows.append([T] + cells + [f"{ratio:.2f}"])
+    L += _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn"], rows) + [""]
+
+    for b, rec in data["backends"].items():
+        L += [f"## Backend `{b}`", "",
+              f"Computes in {rec['compute_dtype']}; components prepared (weights cast, fused, transposed) "
+              f"in {_ms(rec['prepare_s'])} before any timing. Each cell: median time, achieved "
+              f"GFLOP/s ({kind} count), % of the {rec['compute_dtype']} ceiling."]
+        for n in rec["notes"]:
+            L += [f"- {n}"]
+        for c, why in rec["missing"].items():
+            L += [f"- {LABELS[c]}: n/a ({why})"]
+        skipped = sorted({why for why in rec["skipped"].values()})
+        for why in skipped:
+            L += [f"- {why}"]
+        L += [""]
+        rows = []
+        by_T = {}
+        for r in rec["results"]:
+            by_T.setdefault(r["T"], {})[r["component"]] = r
+        for T in sorted(by_T):
+            cells = []
+            for c in COMPONENTS:
+                r = by_T[T].get(c)
+                if r is None or r["status"] == "n/a":
+                    cells.append("n/a")
+                elif r["status"] != "ok":
+                    cells.append(f"skipped ({r['reason']})")
+                else:
+                    cells.append(f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s · {r['pct_ceiling']:.0f}%")
+            a, f = by_T[T].get("attention"), by_T[T].get("ffn")
+            ratio = (f"{a['median_s'] / f['median_s']:.2f}" if a and f and a["status"] == f["status"] == "ok" else "-")
+            rows.append([T] + cells + [ratio])
+        L += _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn time"], rows) + [""]
+        ov = rec["first_call_overhead_s"]
+        if ov:
+            L += ["First call against the steady median (compilation, first touch of memory, lazy caches), "
+                  "at the first T each component ran: " +
+                  "; ".join(f"{LABELS[c]} {_ms(o['first_call_s'])} vs {_ms(o['median_s'])}" for c, o in ov.items())
+                  + ".", ""]
+
+    L += ["## Lesson 13 worked example through every tblock backend", "",
+          "T=4, d_model=8, 2 heads, d_ff=32, seed 13; the lesson's printed numbers next to ours.", ""]
+    we = data["worked_example"]
+    if we:
+        names = list(we)
+        rows = []
+        for i, (q, lesson, _) in enumerate(we[names[0]]):
+            rows.append([q, _fmt(lesson)] + [_fmt(we[b][i][2]) for b in names])
+        L += _table(["quantity", "lesson"] + names, rows) + [""]
+
+    L += ["## Plots", ""]
+    if data["plots"]["files"]:
+        L += [f"![{p}]({p})" for p in data["plots"]["files"]]
+    else:
+        L += [f"No plots: {data['plots']['reason']}."]
+    L += [""]
+    return "\n".join(L)
+
+
+def load_warning(m: dict) -> str | None:
+    """A line when other processes competed for the cores while the report ran."""
+    loads = [x[0] for x in (m.get("loadavg_start"), m.get("loadavg_end")) if x]
+    if loads and max(loads) > 0.5:
+        return (f"the 1-minute load average reached {max(loads):.2f} on {m['usable_cores']} usable cores: other "
+                "processes competed for the cores, so the timings (multi-threaded ones most) are noisy; "
+                "rerun on a quiet machine for numbers to quote")
+    return None
+
+
+def _load(x):
+    return "?" if not x else f"{x[0]:.2f}"
+
+
+def _blas_line(b):
+    if isinstance(b, dict):
+        name = b.get("internal_api") or b.get("name")
+        return " ".join(str(x) for x in (name, b.get("version"), b.get("architecture"),
+                                         f"({b.get('user_api')})" if b.get("user_api") else None) if x)
+    return str(b)
+
+
+def _threads_line(t):
+    blas = t.get("blas")
+    blas_s = ", ".join(f"{k} {n}" for k, n in blas.items()) if isinstance(blas, dict) else str(blas)
+    parts = [f"{t['requested']} requested", f"numba {t.get('numba')}", f"BLAS/OpenMP: {blas_s}"]
+    if t.get("torch") is not None:
+        parts.append(f"torch {t['torch']}")
+    if t.get("numba_threading_layer"):
+        parts.append(f"numba threading layer {t['numba_threading_layer']}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# plots
+
+def write_plots(data: dict, folder: Path) -> dict:
+    """The three PNGs; returns {"files": [...], "reason": why none} (matplotlib is optional)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return {"files": [], "reason": "matplotlib is not installed (pip install 'tblock-cpu[plot]')"}
+    cfg, fm = data["config"], data["flop_model"]
+    d = cfg["d_model"]
+    k = "causal" if cfg["causal"] else "full"
+    colors = dict(zip(COMPONENTS, ("tab:gray", "tab:purple", "tab:orange", "tab:red", "tab:blue", "black")))
+    styles = dict(zip(components.BACKENDS, ("-", "--", ":", "-.")))
+
+    def model_lines(ax):
+        ax.axvline(fm["crossover_T_full"], color="tab:green", ls="--", lw=0.8,
+                   label=f"FLOP model core = FFN, full: {fm['crossover_T_full']:.0f} (4·d)")
+        ax.axvline(fm["crossover_T_causal"], color="tab:green", ls=":", lw=0.8,
+                   label=f"FLOP model core = FFN, causal: {fm['crossover_T_causal']:.0f} (≈8·d)")
+
+    def save(fig, name):
+        FigureCanvasAgg(fig)
+        fig.savefig(folder / name, dpi=110)
+
+    # 1. time vs T, a panel per backend, a line per component
+    names = list(data["backends"])
+    cols = min(2, max(1, len(names)))
+    rows_n = max(1, math.ceil(len(names) / cols))
+    fig = Figure(figsize=(6.4 * cols, 4.6 * rows_n), layout="constrained")
+    for i, b in enumerate(names):
+        ax = fig.add_subplot(rows_n, cols, i + 1)
+        res = data["backends"][b]["results"]
+        for c in COMPONENTS:
+            t = _times(res, c)
+            if t:
+                Ts = sorted(t)
+                ax.plot(Ts, [t[T] for T in Ts], "o-", ms=3, color=colors[c], label=LABELS[c])
+        model_lines(ax)
+        x = data["backends"][b]["crossover"]["attention_vs_ffn"]
+        if x["T"]:
+            ax.axvline(x["T"], color="tab:red", lw=1.2, label=f"measured attention = FFN: {x['T']:.0f}")
+        x = data["backends"][b]["crossover"]["core_vs_ffn"]
+        if x["T"]:
+            ax.axvline(x["T"], color="tab:orange", lw=1.2, label=f"measured core = FFN: {x['T']:.0f}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("T (tokens)")
+        ax.set_ylabel("median time per call (s)")
+        ax.set_title(f"{b}: time per component, d_model={d}, {cfg['dtype']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    save(fig, "time_vs_T.png")
+
+    # 2. FLOPs vs T, the model alone
+    fig = Figure(figsize=(7.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    Ts = data["T"]
+    for c in COMPONENTS:
+        ax.plot(Ts, [data["flops"][str(T)][k][c] for T in Ts], "o-", ms=3, color=colors[c], label=LABELS[c])
+        if cfg["causal"]:
+            ax.plot(Ts, [data["flops"][str(T)]["full"][c] for T in Ts], ":", color=colors[c], lw=0.8)
+    model_lines(ax)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("T (tokens)")
+    ax.set_ylabel("FLOPs per call")
+    ax.set_title(f"FLOPs per component, d_model={d} ({k} count solid" + (", full square dotted)" if cfg["causal"] else ")"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, "flops_vs_T.png")
+
+    # 3. achieved GFLOP/s vs T against the ceiling, a panel per component
+    shown = [c for c in ("attention", "ffn", "attention_core", "block")]
+    fig = Figure(figsize=(12.8, 9), layout="constrained")
+    for i, c in enumerate(shown):
+        ax = fig.add_subplot(2, 2, i + 1)
+        for b in names:
+            res = [r for r in data["backends"][b]["results"] if r["component"] == c and r["status"] == "ok"]
+            if res:
+                ax.plot([r["T"] for r in res], [r["gflops"] for r in res], "o", ls=styles.get(b, "-"), ms=3,
+                        label=f"{b} ({data['backends'][b]['compute_dtype']})")
+        for dt, ceil in data["ceilings"].items():
+            ax.axhline(ceil["gflops"], color="black" if dt == cfg["dtype"] else "gray", lw=0.8, ls="--",
+                       label=f"{dt} GEMM ceiling {ceil['gflops']:.0f}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("T (tokens)")
+        ax.set_ylabel(f"GFLOP/s ({k} FLOP count)")
+        ax.set_title(LABELS[c])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    save(fig, "gflops_vs_T.png")
+    return {"files": list(PLOTS), "reason": None}
+
+
+# ---------------------------------------------------------------------------------------
+# writing: everything into a fresh temporary folder beside --out, then one rename
+
+def write_report_folder(data: dict, out: Path) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
+    try:
+        data["plots"] = write_plots(data, tmp) if data["options"]["plots"] else {
+            "files": [], "reason": "--no-plots was given"}
+        (tmp / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+        (tmp / "report.md").write_text(render_markdown(data))
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+            os.rename(out, old / out.name)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------
+# the whole run
+
+def prepare_all(opts: ReportOptions) -> dict:
+    """Every backend's components, prepared once (this imports each library, so the thread
+    pinning that follows reaches every BLAS and OpenMP pool they load)."""
+    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    weights = init_weights(cfg, seed=opts.seed, dtype=np.dtype(opts.dtype))
+    sets = {}
+    for b in opts.backends:
+        t0 = time.perf_counter()
+        sets[b] = components.prepare(b, cfg, weights, opts.dtype)
+        sets[b].prepare_s = time.perf_counter() - t0
+    return sets
+
+
+def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dict:
+    t_start = time.perf_counter()
+    data = {"schema": SCHEMA, "command": command, "options": asdict(opts), "machine": machine_info()}
+    sets = prepare_all(opts)
+    with pinned_threads(opts.threads, "torch" in opts.backends) as threads:
+        data["threads"] = threads
+        data["ceilings"] = gemm_ceilings(opts.ceiling_sizes, repeats=3, with_torch="torch" in opts.backends)
+        data["worked_example"] = {b: [[q, _jsonable(lesson), _jsonable(ours)] for q, lesson, ours
+                                      in worked_example_rows(b)] for b in opts.backends if b in api.BACKEND_MODULES}
+        steps = len(opts.T_list) * len(opts.backends) * len(COMPONENTS)
+        progress = Progress(steps, progress_stream)
+        try:
+            data.update(run_sweep(opts, sets, progress))
+        finally:
+            progress.close()
+        try:
+            import numba
+            data["threads"]["numba_threading_layer"] = numba.threading_layer()
+        except (ImportError, ValueError):   # ValueError: no parallel numba code ran
+            data["threads"]["numba_threading_layer"] = None
+    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    data["T"] = list(opts.T_list)
+    data["flops"] = {str(T): component_flops(cfg, T) for T in opts.T_list}
+    data["flop_model"] = flop_model(data["config"])
+    data["params"] = {"config": param_count(cfg), "toy": param_count(BlockConfig(d_model=8, n_heads=2)),
+                      "toy_ln_affine": param_count(BlockConfig(d_model=8, n_heads=2), ln_affine=True)}
+    add_derived(data)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    data["machine"]["loadavg_end"] = list(load) if load else None
+    data["elapsed_s"] = time.perf_counter() - t_start
+    data["plots"] = {"files": [], "reason": "not written yet"}
+    return data
+
+
+def summary_text(data: dict) -> str:
+    """What the terminal shows after a run: the worked example, crossovers and ratios."""
+    lines = []
+    we = data["worked_example"]
+    if we:
+        names = list(we)
+        lines += ["Lesson 13 worked example (T=4, d_model=8, 2 heads, d_ff=32, seed 13)",
+                  f"   {'quantity':<24}{'lesson':<44}" + "".join(f"{b:<44}" for b in names)]
+        for i, (q, lesson, _) in enumerate(we[names[0]]):
+            lines.append(f"   {q:<24}{_fmt(lesson):<44}" + "".join(f"{_fmt(we[b][i][2]):<44}" for b in names))
+        lines.append("")
+    p = data["params"]
+    cfg, fm = data["config"], data["flop_model"]
+    lines += [f"parameters per block: d_model=8, d_ff=32: {p['toy']} (lesson 808), with LN affines "
+              f"{p['toy_ln_affine']} (lesson 840); d_model={cfg['d_model']}: {p['config']:,}", ""]
+    lines += ["GEMM ceilings: " + ", ".join(f"{dt} {c['gflops']:.1f} GFLOP/s ({c['source']})"
+                                           for dt, c in data["ceilings"].items()), ""]
+    lines += [f"crossover, d_model={cfg['d_model']} ({'causal' if cfg['causal'] else 'full square'}): FLOP model core=FFN "
+              f"{fm['crossover_T_full']:.0f} full (4*d_model), {fm['crossover_T_causal']:.0f} causal (~8*d_model); "
+              f"sublayer=FFN {fm['sublayer_crossover_T_full']:.0f} full, {fm['sublayer_crossover_T_causal']:.0f} causal"]
+    for b, rec in data["backends"].items():
+        s, c = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
+        lines.append(f"   {b:<7} attention sublayer = FFN at T {'≈ ' + _T(s['T']) if s['T'] else '- ' + s['status']}; "
+                     f"core = FFN at T {'≈ ' + _T(c['T']) if c['T'] else '- ' + c['status']}")
+    s = data["summary"]
+    if s["ratios"]:
+        ref = s["reference"]
+        lines += ["", f"time / time({ref}), geometric mean over common T [at the largest common T]"]
+        others = list(s["ratios"])
+        lines.append(f"   {'component':<12}" + "".join(f"{b + ' / ' + ref:>24}" for b in others))
+        for comp in COMPONENTS:
+            cells = []
+            for b in others:
+                r = s["ratios"][b].get(comp)
+                cells.append(f"{'n/a':>24}" if r is None else
+                             f"{r['geomean']:>9.2f}x [{r['at_T_max']:.2f}x T={r['T_max']}]".rjust(24))
+            lines.append(f"   {LABELS[comp]:<12}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def run_report(opts: ReportOptions, command: str = "tblock report", out=print, progress_stream=None) -> int:
+    backends = ", ".join(opts.backends)
+    out(f"tblock report: d_model={opts.d_model}, n_heads={opts.n_heads}, {opts.dtype}, "
+        f"{'causal' if opts.causal else 'full square'}, T={opts.T_list[0]}..{opts.T_list[-1]} "
+        f"({len(opts.T_list)} points), backends {backends}, {opts.threads} threads ({opts.mode})")
+    for b, why in opts.unavailable.items():
+        out(f"   not run: {b}: {why}")
+    data = build_report(opts, command, progress_stream)
+    write_report_folder(data, Path(opts.out))
     out("")
-    out("Lesson 13 worked example (T=4, d_model=8, 2 heads, d_ff=32, seed 13)")
-    for backend in backends:
-        out(f"-- backend {backend}")
-        out(f"   {'quantity':<24}{'lesson':<44}ours")
-        for name, lesson, ours in worked_example_rows(backend):
-            out(f"   {name:<24}{_fmt(lesson):<44}{_fmt(ours)}")
+    out(summary_text(data))
     out("")
-    toy = BlockConfig(d_model=8, n_heads=2)
-    out(f"parameters per block (d_model=8, d_ff=32): {param_count(toy)} "
-        f"(lesson 808), with LN affines {param_count(toy, ln_affine=True)} (lesson 840)")
-    cfg = BlockConfig(d_model=d_model, n_heads=n_heads)
-    out(f"parameters per block (d_model={d_model}, d_ff={cfg.d_ff}): {param_count(cfg):,}")
-    out("")
-    fc = flops(cfg, T)
-    out(f"FLOPs per block forward, d_model={d_model}, n_heads={n_heads}, T={T} (2 per multiply-add)")
-    out(f"   {'component':<12}{'full square':>18}{'causal':>18}")
-    for k in COMPONENTS:
-        out(f"   {k:<12}{fc.full[k]:>18,}{fc.causal[k]:>18,}")
-    out(f"   {'total':<12}{fc.total(False):>18,}{fc.total(True):>18,}")
-    out(f"crossover T where scores+AV = FFN matmuls: {fc.crossover_full:g} full square "
-        f"(4*d_model = {4 * d_model}), {fc.crossover_causal:g} causal (~8*d_model = {8 * d_model})")
-    out("")
-    out(f"wall time of one block forward, float32, d_model={d_model}, n_heads={n_heads}, T={T} (best of 3)")
-    w = init_weights(cfg, seed=0, dtype=np.float32)
-    H = np.random.default_rng(1).standard_normal((T, d_model)).astype(np.float32)
-    for backend in backends:
-        t = time_forward(H, w, cfg, backend)
-        gflops = fc.total(cfg.causal) / t / 1e9
-        out(f"   {backend:<8}{t * 1e3:10.2f} ms   {gflops:8.2f} GFLOP/s (causal count)")
+    skipped = {b: sorted(set(r["skipped"].values())) for b, r in data["backends"].items() if r["skipped"]}
+    for b, why in skipped.items():
+        out(f"note: {b}: {'; '.join(why)}")
+    busy = load_warning(data["machine"])
+    if busy:
+        out(f"warning: {busy}")
+    out(f"wrote {opts.out}/report.md, report.json" + (", " + ", ".join(data["plots"]["files"]) if data["plots"]["files"]
+                                                     else f" (no plots: {data['plots']['reason']})")
+        + f" in {data['elapsed_s']:.0f} s")
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# --compare
+
+def load_report(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ReportError(f"--compare: cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"--compare: {path} is not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ReportError(f"--compare: {path} is not a tblock report.json (no schema {SCHEMA!r})")
+    return data
+
+
+def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
+    L = [f"A: {name_a}", f"   {_who(a)}", f"B: {name_b}", f"   {_who(b)}"]
+    diffs = [k for k in ("d_model", "n_heads", "causal", "dtype") if a["config"].get(k) != b["config"].get(k)]
+    if diffs:
+        L.append("warning: the configs differ in " + ", ".join(
+            f"{k} ({a['config'].get(k)} vs {b['config'].get(k)})" for k in diffs) + "; ratios compare unlike things")
+    L += ["", f"{'ceiling':<28}{'A GFLOP/s':>12}{'B GFLOP/s':>12}{'B/A':>8}"]
+    for dt in ("float32", "float64"):
+        ca, cb = a["ceilings"].get(dt), b["ceilings"].get(dt)
+        if ca and cb:
+            L.append(f"{dt + ' GEMM':<28}{ca['gflops']:>12.1f}{cb['gflops']:>12.1f}{cb['gflops'] / ca['gflops']:>8.2f}")
+    L += ["", f"{'crossover attention = FFN':<28}{'A T':>12}{'B T':>12}"]
+    for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
+        xa = a["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
+        xb = b["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
+        L.append(f"{be:<28}{_T(xa.get('T')):>12}{_T(xb.get('T')):>12}")
+    L += ["", "median time per call; B/A below 1: B is faster",
+          f"{'backend':<8}{'component':<12}{'T':>7}{'A':>12}{'B':>12}{'B/A':>8}"]
+    only = []
+    per = {}
+    for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
+        ta = {(r["component"], r["T"]): r for r in a["backends"].get(be, {}).get("results", []) if r["status"] == "ok"}
+        tb = {(r["component"], r["T"]): r for r in b["backends"].get(be, {}).get("results", []) if r["status"] == "ok"}
+        for key in sorted(set(ta) | set(tb), key=lambda k: (COMPONENTS.index(k[0]) if k[0] in COMPONENTS else 99, k[1])):
+            if key in ta and key in tb:
+                ra, rb = ta[key], tb[key]
+                r = rb["median_s"] / ra["median_s"]
+                per.setdefault((be, key[0]), []).append(r)
+                L.append(f"{be:<8}{LABELS.get(key[0], key[0]):<12}{key[1]:>7}{_ms(ra['median_s']):>12}"
+                         f"{_ms(rb['median_s']):>12}{r:>8.2f}")
+            else:
+                only.append(f"{be} {key[0]} T={key[1]} only in {'A' if key in ta else 'B'}")
+    if per:
+        L += ["", "geometric mean of B/A"]
+        for (be, c), rs in per.items():
+            L.append(f"   {be:<8}{LABELS.get(c, c):<12}{math.exp(sum(map(math.log, rs)) / len(rs)):>8.2f}  ({len(rs)} T)")
+    if only:
+        L += ["", f"not in both ({len(only)}): " + "; ".join(only[:20]) + (" ..." if len(only) > 20 else "")]
+    return "\n".join(L)
+
+
+def _who(d):
+    m, c = d["machine"], d["config"]
+    return (f"{m['date']}, {m['cpu']}, {d['threads']['requested']} threads; d_model={c['d_model']}, "
+            f"n_heads={c['n_heads']}, {c['dtype']}, {'causal' if c['causal'] else 'full square'}")
+
+
+# ---------------------------------------------------------------------------------------
+# the CLI entry
+
+def main(args: argparse.Namespace, argv_text: str = "tblock report") -> int:
+    """Run ``tblock report`` from parsed arguments; bad options exit 2, writing nothing."""
+    try:
+        if args.compare:
+            a, b = (load_report(p) for p in args.compare)
+            print(compare_text(a, b, *args.compare))
+            return 0
+        opts = resolve_options(args)
+    except ReportError as e:
+        print(f"tblock report: error: {e}", file=sys.stderr)
+        return 2
+    return run_report(opts, command=argv_text)
