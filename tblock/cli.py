@@ -1,4 +1,4 @@
-"""Command line: ``tblock report`` (also ``python -m tblock report``)."""
+"""Command line: ``tblock report`` and ``tblock lesson`` (also ``python -m tblock ...``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "component timed over a sweep of T: where attention overtakes the FFN.")
     from .report import add_arguments
     add_arguments(rep)
+    les = sub.add_parser("lesson", help="Lesson 13's walk-through on its worked example beside the lesson's "
+                                        "numbers; writes the lesson's figures as PNG")
+    les.add_argument("--out", default="lesson13-figures", metavar="DIR",
+                     help="folder for the figures (default ./lesson13-figures)")
+    les.add_argument("--backend", default="numpy", help="backend to run the block on (default numpy)")
     return parser
 
 
@@ -23,6 +28,13 @@ def main(argv=None) -> int:
     if args.command == "report":
         from . import report
         return report.main(args, "tblock " + " ".join(sys.argv[1:] if argv is None else argv))
+    if args.command == "lesson":
+        from .lesson import run_lesson
+        try:
+            return run_lesson(out_dir=args.out, backend=args.backend)
+        except (ValueError, TypeError) as e:
+            print(f"tblock lesson: error: {e}", file=sys.stderr)
+            return 2
     return 1
 
 

@@ -1,0 +1,49 @@
+"""``tblock lesson`` end to end: the walk-through prints the lesson's numbers and writes PNGs."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tblock
+from tblock import lesson
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_tblock_lesson_end_to_end(tmp_path):
+    pytest.importorskip("matplotlib", reason="the figures need matplotlib (the 'plot' extra)")
+    out = tmp_path / "figs"
+    run = subprocess.run([sys.executable, "-m", "tblock", "lesson", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    text = run.stdout
+    for name in lesson.FIGURES:
+        path = out / name
+        assert path.is_file(), f"{name} was not written"
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert f"wrote {path}" in text
+    # the lesson's numbers, as ours, in the printout
+    for needle in ("ours 6.06976910601752", "ours   [0.000000, 0.000000, 0.775304, 0.351612]",
+                   "ours   [0.000000, 0.000000, 1.758853, 0.000000]", "lesson 808   ours 808",
+                   "lesson 840   ours 840", "ours   [0.000000, 0.328409, 1.110058, 1.712712]",
+                   "not the lesson's", "8 of 8"):
+        assert needle in text, needle
+
+
+def test_walkthrough_numbers_match_on_every_backend():
+    """The printed 'max |diff|' of every comparison row stays at the lesson's print precision."""
+    for backend in tblock.available_backends():
+        lines = []
+        lesson.walkthrough(backend=backend, out=lines.append)
+        rows = [line for line in lines if "|diff| " in line and "forward vs central" not in line]
+        diffs = [float(line.rsplit("|diff| ", 1)[1].split()[0]) for line in rows]
+        assert len(diffs) >= 18
+        assert max(diffs) < 6e-7, backend                  # the lesson prints 6 decimals at worst
+
+
+def test_bad_backend_is_a_clear_error(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "tblock", "lesson", "--out", str(tmp_path), "--backend", "nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "tblock lesson: error: backend must be one of" in run.stderr
