@@ -1,0 +1,739 @@
+/*
+ * tblock_ref.c: the plain C99 reference of Lesson 13's transformer block.
+ * See tblock_ref.h for the equations, the conventions and the API.
+ *
+ * Layout of this file:
+ *   1. status codes and their messages
+ *   2. size arithmetic that cannot overflow
+ *   3. argument checks
+ *   4. the math: static helpers that trust their arguments
+ *   5. the entry points: check everything, then call the math
+ *
+ * Loops index with size_t; every product of dimensions is computed once,
+ * overflow-checked, in tb_sizes, before any loop runs.
+ */
+#include "tblock_ref.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ======================================================================
+ * 1. Status codes
+ * ====================================================================== */
+
+static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
+    [TB_OK]                    = "TB_OK",
+    [TB_ERR_NULL_ARG]          = "TB_ERR_NULL_ARG",
+    [TB_ERR_NULL_WEIGHT]       = "TB_ERR_NULL_WEIGHT",
+    [TB_ERR_UNEXPECTED_WEIGHT] = "TB_ERR_UNEXPECTED_WEIGHT",
+    [TB_ERR_NULL_TRACE]        = "TB_ERR_NULL_TRACE",
+    [TB_ERR_DIM]               = "TB_ERR_DIM",
+    [TB_ERR_HEADS]             = "TB_ERR_HEADS",
+    [TB_ERR_HEAD_INDEX]        = "TB_ERR_HEAD_INDEX",
+    [TB_ERR_NORM]              = "TB_ERR_NORM",
+    [TB_ERR_ACTIVATION]        = "TB_ERR_ACTIVATION",
+    [TB_ERR_FLAG]              = "TB_ERR_FLAG",
+    [TB_ERR_EPS]               = "TB_ERR_EPS",
+    [TB_ERR_OVERFLOW]          = "TB_ERR_OVERFLOW",
+    [TB_ERR_INPUT_SIZE]        = "TB_ERR_INPUT_SIZE",
+    [TB_ERR_OUTPUT_SIZE]       = "TB_ERR_OUTPUT_SIZE",
+    [TB_ERR_WEIGHT_SIZE]       = "TB_ERR_WEIGHT_SIZE",
+    [TB_ERR_SCRATCH_SIZE]      = "TB_ERR_SCRATCH_SIZE",
+    [TB_ERR_TRACE_SIZE]        = "TB_ERR_TRACE_SIZE",
+    [TB_ERR_OVERLAP]           = "TB_ERR_OVERLAP",
+};
+
+static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
+    [TB_OK]                    = "success",
+    [TB_ERR_NULL_ARG]          = "a required pointer argument is NULL",
+    [TB_ERR_NULL_WEIGHT]       = "a weight the config needs is NULL (or LayerNorm gamma is given without beta)",
+    [TB_ERR_UNEXPECTED_WEIGHT] = "an optional weight is given although the config says it is absent "
+                                 "(has_ffn_bias / has_ln_affine is 0)",
+    [TB_ERR_NULL_TRACE]        = "a trace struct is given but one of its arrays is NULL",
+    [TB_ERR_DIM]               = "a dimension (B, T, d_model, n_heads, d_ff, rows or cols) is < 1",
+    [TB_ERR_HEADS]             = "d_model is not divisible by n_heads",
+    [TB_ERR_HEAD_INDEX]        = "the head index is outside 0 .. n_heads-1",
+    [TB_ERR_NORM]              = "norm is not TB_NORM_PRE (0) or TB_NORM_POST (1)",
+    [TB_ERR_ACTIVATION]        = "activation is not TB_ACT_GELU_TANH (0), TB_ACT_GELU_ERF (1) or TB_ACT_RELU (2)",
+    [TB_ERR_FLAG]              = "a flag (causal, has_ffn_bias, has_ln_affine) is not 0 or 1",
+    [TB_ERR_EPS]               = "eps must be positive and finite",
+    [TB_ERR_OVERFLOW]          = "a buffer size computed from the dimensions does not fit in size_t",
+    [TB_ERR_INPUT_SIZE]        = "an input buffer is shorter than its shape needs",
+    [TB_ERR_OUTPUT_SIZE]       = "an output buffer is shorter than its shape needs",
+    [TB_ERR_WEIGHT_SIZE]       = "a weight buffer is shorter than its shape needs",
+    [TB_ERR_SCRATCH_SIZE]      = "the scratch buffer is shorter than it must be (see tb_scratch_len)",
+    [TB_ERR_TRACE_SIZE]        = "a trace buffer is shorter than its shape needs",
+    [TB_ERR_OVERLAP]           = "an output buffer overlaps another buffer of the same call",
+};
+
+const char *tb_status_name(int status)
+{
+    if (status < 0 || status >= TB_STATUS_COUNT || STATUS_NAMES[status] == NULL)
+        return "TB_UNKNOWN_STATUS";
+    return STATUS_NAMES[status];
+}
+
+const char *tb_status_message(int status)
+{
+    if (status < 0 || status >= TB_STATUS_COUNT || STATUS_MESSAGES[status] == NULL)
+        return "unknown status code";
+    return STATUS_MESSAGES[status];
+}
+
+/* Return from the enclosing function with the status of expr unless it is TB_OK. */
+#define TRY(expr)                             \
+    do {                                      \
+        tb_status try_status_ = (expr);       \
+        if (try_status_ != TB_OK)             \
+            return try_status_;               \
+    } while (0)
+
+/* ======================================================================
+ * 2. Size arithmetic
+ * ====================================================================== */
+
+/* The most doubles a buffer can hold with its size in bytes still a size_t. */
+#define TB_MAX_DOUBLES (SIZE_MAX / sizeof(double))
+
+/* *out = a * b; 0 (and *out untouched) when the product exceeds TB_MAX_DOUBLES. */
+static int mul_size(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > TB_MAX_DOUBLES / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* *out = a + b; 0 when the sum exceeds TB_MAX_DOUBLES. */
+static int add_size(size_t a, size_t b, size_t *out)
+{
+    if (a > TB_MAX_DOUBLES || b > TB_MAX_DOUBLES - a)
+        return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* *out = v for a dimension v >= 1; 0 when v exceeds TB_MAX_DOUBLES. */
+static int dim_size(int64_t v, size_t *out)
+{
+    if (v < 1 || (uint64_t)v > (uint64_t)TB_MAX_DOUBLES)
+        return 0;
+    *out = (size_t)v;
+    return 1;
+}
+
+/* Every dimension and buffer length of one call, in doubles. */
+typedef struct {
+    size_t B, T, d, h, dk, f;   /* batch, tokens, d_model, n_heads, d_k, d_ff */
+    size_t dd, df;              /* weights (d, d) and (d, f) = (f, d) */
+    size_t Td, Tf, TT, hTT;     /* one sequence: (T, d), (T, f), (T, T), (h, T, T) */
+    size_t BTd, BTf, BhTT;      /* the batch:    (B, T, d), (B, T, f), (B, h, T, T) */
+    size_t scratch;             /* doubles of scratch, see seq_buffers */
+} tb_sizes;
+
+/* Number of (T, d_model) arrays in seq_buffers. */
+#define N_SEQ_TD 11
+
+/* Fill s for a checked config and B sequences of T tokens. */
+static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, tb_sizes *s)
+{
+    size_t extra;
+    if (B < 1 || T < 1)
+        return TB_ERR_DIM;
+    if (!dim_size(B, &s->B) || !dim_size(T, &s->T) || !dim_size(cfg->d_model, &s->d) ||
+        !dim_size(cfg->n_heads, &s->h) || !dim_size(cfg->d_ff, &s->f))
+        return TB_ERR_OVERFLOW;
+    s->dk = s->d / s->h;
+    if (!mul_size(s->d, s->d, &s->dd) || !mul_size(s->d, s->f, &s->df) ||
+        !mul_size(s->T, s->d, &s->Td) || !mul_size(s->T, s->f, &s->Tf) ||
+        !mul_size(s->T, s->T, &s->TT) || !mul_size(s->h, s->TT, &s->hTT) ||
+        !mul_size(s->B, s->Td, &s->BTd) || !mul_size(s->B, s->Tf, &s->BTf) ||
+        !mul_size(s->B, s->hTT, &s->BhTT))
+        return TB_ERR_OVERFLOW;
+    /* scratch = N_SEQ_TD (T, d) arrays + S (T, T) + A (h, T, T) + F_pre, F_post (T, f) */
+    if (!mul_size(N_SEQ_TD, s->Td, &s->scratch) ||
+        !add_size(s->scratch, s->TT, &s->scratch) ||
+        !add_size(s->scratch, s->hTT, &s->scratch) ||
+        !mul_size(2, s->Tf, &extra) ||
+        !add_size(s->scratch, extra, &s->scratch))
+        return TB_ERR_OVERFLOW;
+    return TB_OK;
+}
+
+/* ======================================================================
+ * 3. Argument checks
+ * ====================================================================== */
+
+static int is_flag(int v) { return v == 0 || v == 1; }
+
+static int eps_ok(double eps) { return eps > 0.0 && isfinite(eps); } /* NaN fails eps > 0 */
+
+static tb_status check_config(const tb_config *cfg)
+{
+    if (cfg == NULL)
+        return TB_ERR_NULL_ARG;
+    if (cfg->d_model < 1 || cfg->n_heads < 1 || cfg->d_ff < 1)
+        return TB_ERR_DIM;
+    if (cfg->d_model % cfg->n_heads != 0)
+        return TB_ERR_HEADS;
+    if (cfg->norm != TB_NORM_PRE && cfg->norm != TB_NORM_POST)
+        return TB_ERR_NORM;
+    if (cfg->activation != TB_ACT_GELU_TANH && cfg->activation != TB_ACT_GELU_ERF &&
+        cfg->activation != TB_ACT_RELU)
+        return TB_ERR_ACTIVATION;
+    if (!is_flag(cfg->causal) || !is_flag(cfg->has_ffn_bias) || !is_flag(cfg->has_ln_affine))
+        return TB_ERR_FLAG;
+    if (!eps_ok(cfg->eps))
+        return TB_ERR_EPS;
+    return TB_OK;
+}
+
+/* A weight the config needs: given, and at least `shape` doubles long. */
+static tb_status need_weight(const double *p, size_t len, size_t shape)
+{
+    if (p == NULL)
+        return TB_ERR_NULL_WEIGHT;
+    if (len < shape)
+        return TB_ERR_WEIGHT_SIZE;
+    return TB_OK;
+}
+
+/* An optional weight: needed when flag is 1, must be NULL when flag is 0. */
+static tb_status optional_weight(int flag, const double *p, size_t len, size_t shape)
+{
+    if (!flag)
+        return p == NULL ? TB_OK : TB_ERR_UNEXPECTED_WEIGHT;
+    return need_weight(p, len, shape);
+}
+
+static tb_status check_attention_weights(const tb_weights *w, const tb_sizes *s)
+{
+    TRY(need_weight(w->w_q, w->w_q_len, s->dd));
+    TRY(need_weight(w->w_k, w->w_k_len, s->dd));
+    TRY(need_weight(w->w_v, w->w_v_len, s->dd));
+    TRY(need_weight(w->w_o, w->w_o_len, s->dd));
+    return TB_OK;
+}
+
+static tb_status check_ffn_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
+{
+    TRY(need_weight(w->w_ff1, w->w_ff1_len, s->df));
+    TRY(need_weight(w->w_ff2, w->w_ff2_len, s->df));
+    TRY(optional_weight(cfg->has_ffn_bias, w->b_ff1, w->b_ff1_len, s->f));
+    TRY(optional_weight(cfg->has_ffn_bias, w->b_ff2, w->b_ff2_len, s->d));
+    return TB_OK;
+}
+
+static tb_status check_ln_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
+{
+    TRY(optional_weight(cfg->has_ln_affine, w->ln1_gamma, w->ln1_gamma_len, s->d));
+    TRY(optional_weight(cfg->has_ln_affine, w->ln1_beta, w->ln1_beta_len, s->d));
+    TRY(optional_weight(cfg->has_ln_affine, w->ln2_gamma, w->ln2_gamma_len, s->d));
+    TRY(optional_weight(cfg->has_ln_affine, w->ln2_beta, w->ln2_beta_len, s->d));
+    return TB_OK;
+}
+
+/* One array of a trace: given, and at least `shape` doubles long. */
+static tb_status need_trace(const double *p, size_t len, size_t shape)
+{
+    if (p == NULL)
+        return TB_ERR_NULL_TRACE;
+    if (len < shape)
+        return TB_ERR_TRACE_SIZE;
+    return TB_OK;
+}
+
+static tb_status check_trace(const tb_trace *t, const tb_sizes *s)
+{
+    TRY(need_trace(t->H_norm1, t->H_norm1_len, s->BTd));
+    TRY(need_trace(t->Q, t->Q_len, s->BTd));
+    TRY(need_trace(t->K, t->K_len, s->BTd));
+    TRY(need_trace(t->V, t->V_len, s->BTd));
+    TRY(need_trace(t->A, t->A_len, s->BhTT));
+    TRY(need_trace(t->out_concat, t->out_concat_len, s->BTd));
+    TRY(need_trace(t->A_out, t->A_out_len, s->BTd));
+    TRY(need_trace(t->H_mid, t->H_mid_len, s->BTd));
+    TRY(need_trace(t->H_norm2, t->H_norm2_len, s->BTd));
+    TRY(need_trace(t->F_pre, t->F_pre_len, s->BTf));
+    TRY(need_trace(t->F_post, t->F_post_len, s->BTf));
+    TRY(need_trace(t->F_out, t->F_out_len, s->BTd));
+    TRY(need_trace(t->H_out, t->H_out_len, s->BTd));
+    return TB_OK;
+}
+
+/* The part of a buffer a call touches: n doubles from p. */
+typedef struct {
+    const void *p;   /* NULL: an absent optional buffer, overlaps nothing */
+    size_t n;        /* doubles; <= TB_MAX_DOUBLES, so n * sizeof(double) fits */
+    int writable;    /* the call writes it */
+} span;
+
+static span span_of(const void *p, size_t n, int writable)
+{
+    span s;
+    s.p = p;
+    s.n = n;
+    s.writable = writable;
+    return s;
+}
+
+/* 1 when some span the call writes shares a byte with another span. */
+static int any_overlap(const span *spans, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        for (size_t j = i + 1; j < count; j++) {
+            const span a = spans[i], b = spans[j];
+            if (!(a.writable || b.writable) || a.p == NULL || b.p == NULL || a.n == 0 || b.n == 0)
+                continue;
+            const uintptr_t a0 = (uintptr_t)a.p, a1 = a0 + a.n * sizeof(double);
+            const uintptr_t b0 = (uintptr_t)b.p, b1 = b0 + b.n * sizeof(double);
+            if (a0 < b1 && b0 < a1)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* ======================================================================
+ * 4. The math. These helpers trust their arguments: the entry points in
+ *    section 5 have checked every pointer, dimension and length.
+ * ====================================================================== */
+
+static const double PI = 3.14159265358979323846;
+
+/* out (rows, cols) = X (rows, inner) @ W (inner, cols); each element sums k = 0 .. inner-1 in order. */
+static void matmul(double *out, const double *X, const double *W, size_t rows, size_t inner, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) {
+        double *out_row = out + r * cols;
+        for (size_t c = 0; c < cols; c++)
+            out_row[c] = 0.0;
+        for (size_t k = 0; k < inner; k++) {
+            const double x = X[r * inner + k];
+            const double *w_row = W + k * cols;
+            for (size_t c = 0; c < cols; c++)
+                out_row[c] += x * w_row[c];
+        }
+    }
+}
+
+/* out[i] = a[i] + b[i] */
+static void add(double *out, const double *a, const double *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* Each row of X (rows, cols) += bias (cols,) */
+static void add_row_bias(double *X, const double *bias, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            X[r * cols + c] += bias[c];
+}
+
+static void copy(double *out, const double *in, size_t n)
+{
+    memcpy(out, in, n * sizeof(double));
+}
+
+/* LN(x) = (x - mean) / sqrt(var + eps) per row, var the population variance
+ * (divides by cols); then * gamma + beta when gamma is given. */
+static void layernorm_rows(double *out, const double *X, size_t rows, size_t cols,
+                           const double *gamma, const double *beta, double eps)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const double *x = X + r * cols;
+        double *y = out + r * cols;
+        double mean = 0.0, var = 0.0;
+        for (size_t c = 0; c < cols; c++)
+            mean += x[c];
+        mean /= (double)cols;
+        for (size_t c = 0; c < cols; c++)
+            var += (x[c] - mean) * (x[c] - mean);
+        var /= (double)cols;
+        const double sd = sqrt(var + eps);
+        for (size_t c = 0; c < cols; c++) {
+            y[c] = (x[c] - mean) / sd;
+            if (gamma != NULL)
+                y[c] = y[c] * gamma[c] + beta[c];
+        }
+    }
+}
+
+/* Query row t may look at key column i: always, or only i <= t when causal. */
+static int key_allowed(int causal, size_t t, size_t i) { return !causal || i <= t; }
+
+/* out (rows, cols) = softmax over the allowed entries of each row of S,
+ * the row's max subtracted first; masked entries are exactly 0.
+ * Column 0 is always allowed, so every row has a positive sum. */
+static void masked_softmax_rows(double *out, const double *S, size_t rows, size_t cols, int causal)
+{
+    for (size_t t = 0; t < rows; t++) {
+        const double *s = S + t * cols;
+        double *a = out + t * cols;
+        double max = s[0], sum = 0.0;
+        for (size_t i = 1; i < cols; i++)
+            if (key_allowed(causal, t, i) && s[i] > max)
+                max = s[i];
+        for (size_t i = 0; i < cols; i++) {
+            a[i] = key_allowed(causal, t, i) ? exp(s[i] - max) : 0.0;
+            sum += a[i];
+        }
+        for (size_t i = 0; i < cols; i++)
+            a[i] /= sum;    /* a masked 0 stays exactly 0 */
+    }
+}
+
+/* Head `head` of MHA on Q, K, V (T, d): S = Q_h K_h^T / sqrt(d_k), A_h = masked
+ * softmax of S, columns c0 .. c0+d_k-1 of out_concat = A_h V_h, c0 = head * d_k. */
+static void attention_head(double *out_concat, double *A_h, double *S,
+                           const double *Q, const double *K, const double *V,
+                           size_t T, size_t d, size_t d_k, size_t head, int causal)
+{
+    const size_t c0 = head * d_k;
+    const double scale = 1.0 / sqrt((double)d_k);
+    for (size_t t = 0; t < T; t++) {
+        for (size_t i = 0; i < T; i++) {
+            double dot = 0.0;
+            for (size_t c = 0; c < d_k; c++)
+                dot += Q[t * d + c0 + c] * K[i * d + c0 + c];
+            S[t * T + i] = dot * scale;
+        }
+    }
+    masked_softmax_rows(A_h, S, T, T, causal);
+    for (size_t t = 0; t < T; t++) {
+        for (size_t c = 0; c < d_k; c++) {
+            double acc = 0.0;
+            for (size_t i = 0; i < T; i++)
+                acc += A_h[t * T + i] * V[i * d + c0 + c];
+            out_concat[t * d + c0 + c] = acc;
+        }
+    }
+}
+
+static double activation(int act, double x)
+{
+    switch (act) {
+    case TB_ACT_GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(sqrt(2.0 / PI) * (x + 0.044715 * x * x * x)));
+    case TB_ACT_GELU_ERF:
+        return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    default: /* TB_ACT_RELU; check_config has rejected anything else */
+        return x > 0.0 ? x : 0.0;
+    }
+}
+
+/* F_pre = X W1 (+ b1); F_post = act(F_pre); F_out = F_post W2 (+ b2). b1, b2 NULL for none. */
+static void ffn(double *F_out, double *F_pre, double *F_post, const double *X,
+                size_t T, size_t d, size_t f,
+                const double *w1, const double *b1, const double *w2, const double *b2, int act)
+{
+    matmul(F_pre, X, w1, T, d, f);
+    if (b1 != NULL)
+        add_row_bias(F_pre, b1, T, f);
+    for (size_t i = 0; i < T * f; i++)
+        F_post[i] = activation(act, F_pre[i]);
+    matmul(F_out, F_post, w2, T, f, d);
+    if (b2 != NULL)
+        add_row_bias(F_out, b2, T, d);
+}
+
+/* The scratch of one sequence, carved from tb_scratch.data by carve_scratch. */
+typedef struct {
+    /* N_SEQ_TD arrays of (T, d) */
+    double *H_norm1, *Q, *K, *V, *out_concat, *A_out, *resid, *H_mid, *H_norm2, *F_out, *H_out;
+    double *S;                  /* (T, T) one head's scores */
+    double *A;                  /* (h, T, T) every head's probabilities */
+    double *F_pre, *F_post;     /* (T, f) */
+} seq_buffers;
+
+/* Hand out n doubles from *next. */
+static double *take(double **next, size_t n)
+{
+    double *p = *next;
+    *next += n;
+    return p;
+}
+
+/* Exactly s->scratch doubles from data, in the order block_sizes counts them. */
+static seq_buffers carve_scratch(double *data, const tb_sizes *s)
+{
+    seq_buffers b;
+    double *next = data;
+    b.H_norm1 = take(&next, s->Td);
+    b.Q = take(&next, s->Td);
+    b.K = take(&next, s->Td);
+    b.V = take(&next, s->Td);
+    b.out_concat = take(&next, s->Td);
+    b.A_out = take(&next, s->Td);
+    b.resid = take(&next, s->Td);
+    b.H_mid = take(&next, s->Td);
+    b.H_norm2 = take(&next, s->Td);
+    b.F_out = take(&next, s->Td);
+    b.H_out = take(&next, s->Td);   /* N_SEQ_TD = 11 so far */
+    b.S = take(&next, s->TT);
+    b.A = take(&next, s->hTT);
+    b.F_pre = take(&next, s->Tf);
+    b.F_post = take(&next, s->Tf);
+    return b;
+}
+
+/* MHA(X) for X (T, d): fills Q, K, V, S, A, out_concat and A_out of b. */
+static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
+                const tb_sizes *s)
+{
+    matmul(b->Q, X, w->w_q, s->T, s->d, s->d);
+    matmul(b->K, X, w->w_k, s->T, s->d, s->d);
+    matmul(b->V, X, w->w_v, s->T, s->d, s->d);
+    for (size_t h = 0; h < s->h; h++)
+        attention_head(b->out_concat, b->A + h * s->TT, b->S, b->Q, b->K, b->V,
+                       s->T, s->d, s->dk, h, cfg->causal);
+    matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d);
+}
+
+/* FFN(X) for X (T, d): fills F_pre, F_post and F_out of b. */
+static void block_ffn(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
+                      const tb_sizes *s)
+{
+    ffn(b->F_out, b->F_pre, b->F_post, X, s->T, s->d, s->f,
+        w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation);
+}
+
+/* One sequence H_in (T, d) through the block; every intermediate, H_out included, lands in b. */
+static void block_forward_one(const seq_buffers *b, const double *H_in, const tb_config *cfg,
+                              const tb_weights *w, const tb_sizes *s)
+{
+    const size_t n = s->Td;
+    if (cfg->norm == TB_NORM_PRE) {
+        /* H_mid = H_in + MHA(LN1(H_in)) */
+        layernorm_rows(b->H_norm1, H_in, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
+        mha(b, b->H_norm1, cfg, w, s);
+        add(b->H_mid, H_in, b->A_out, n);
+        /* H_out = H_mid + FFN(LN2(H_mid)) */
+        layernorm_rows(b->H_norm2, b->H_mid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg->eps);
+        block_ffn(b, b->H_norm2, cfg, w, s);
+        add(b->H_out, b->H_mid, b->F_out, n);
+    } else {
+        /* H_mid = LN1(H_in + MHA(H_in)); the LN output is the stream: H_norm1 = H_mid */
+        mha(b, H_in, cfg, w, s);
+        add(b->resid, H_in, b->A_out, n);
+        layernorm_rows(b->H_mid, b->resid, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
+        copy(b->H_norm1, b->H_mid, n);
+        /* H_out = LN2(H_mid + FFN(H_mid)); H_norm2 = H_out */
+        block_ffn(b, b->H_mid, cfg, w, s);
+        add(b->resid, b->H_mid, b->F_out, n);
+        layernorm_rows(b->H_out, b->resid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg->eps);
+        copy(b->H_norm2, b->H_out, n);
+    }
+}
+
+/* Copy sequence `seq`'s intermediates from b into its slices of the trace. */
+static void write_trace(const tb_trace *t, const seq_buffers *b, size_t seq, const tb_sizes *s)
+{
+    const size_t od = seq * s->Td, of = seq * s->Tf, oa = seq * s->hTT;
+    copy(t->H_norm1 + od, b->H_norm1, s->Td);
+    copy(t->Q + od, b->Q, s->Td);
+    copy(t->K + od, b->K, s->Td);
+    copy(t->V + od, b->V, s->Td);
+    copy(t->A + oa, b->A, s->hTT);
+    copy(t->out_concat + od, b->out_concat, s->Td);
+    copy(t->A_out + od, b->A_out, s->Td);
+    copy(t->H_mid + od, b->H_mid, s->Td);
+    copy(t->H_norm2 + od, b->H_norm2, s->Td);
+    copy(t->F_pre + of, b->F_pre, s->Tf);
+    copy(t->F_post + of, b->F_post, s->Tf);
+    copy(t->F_out + od, b->F_out, s->Td);
+    copy(t->H_out + od, b->H_out, s->Td);
+}
+
+/* ======================================================================
+ * 5. Entry points: check every argument, then run the math.
+ *    Order of checks: pointers, config/enums/flags/eps, dimensions,
+ *    overflow, lengths, overlap. Nothing is written before all pass.
+ * ====================================================================== */
+
+tb_status tb_scratch_len(const tb_config *cfg, int64_t T, size_t *len)
+{
+    tb_sizes s;
+    if (cfg == NULL || len == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    TRY(block_sizes(cfg, 1, T, &s));
+    *len = s.scratch;
+    return TB_OK;
+}
+
+tb_status tb_layernorm_rows(double *out, size_t out_len,
+                            const double *X, size_t X_len,
+                            int64_t rows, int64_t cols,
+                            const double *gamma, const double *beta, size_t affine_len,
+                            double eps)
+{
+    size_t r, c, n;
+    if (out == NULL || X == NULL)
+        return TB_ERR_NULL_ARG;
+    if ((gamma == NULL) != (beta == NULL))
+        return TB_ERR_NULL_WEIGHT;
+    if (!eps_ok(eps))
+        return TB_ERR_EPS;
+    if (rows < 1 || cols < 1)
+        return TB_ERR_DIM;
+    if (!dim_size(rows, &r) || !dim_size(cols, &c) || !mul_size(r, c, &n))
+        return TB_ERR_OVERFLOW;
+    if (X_len < n)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < n)
+        return TB_ERR_OUTPUT_SIZE;
+    if (gamma != NULL && affine_len < c)
+        return TB_ERR_WEIGHT_SIZE;
+    {
+        const span spans[] = {span_of(out, n, 1), span_of(X, n, 0),
+                              span_of(gamma, c, 0), span_of(beta, c, 0)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+    layernorm_rows(out, X, r, c, gamma, beta, eps);
+    return TB_OK;
+}
+
+tb_status tb_masked_softmax_rows(double *out, size_t out_len,
+                                 const double *S, size_t S_len,
+                                 int64_t rows, int64_t cols, int causal)
+{
+    size_t r, c, n;
+    if (out == NULL || S == NULL)
+        return TB_ERR_NULL_ARG;
+    if (!is_flag(causal))
+        return TB_ERR_FLAG;
+    if (rows < 1 || cols < 1)
+        return TB_ERR_DIM;
+    if (!dim_size(rows, &r) || !dim_size(cols, &c) || !mul_size(r, c, &n))
+        return TB_ERR_OVERFLOW;
+    if (S_len < n)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < n)
+        return TB_ERR_OUTPUT_SIZE;
+    {
+        const span spans[] = {span_of(out, n, 1), span_of(S, n, 0)};
+        if (any_overlap(spans, 2))
+            return TB_ERR_OVERLAP;
+    }
+    masked_softmax_rows(out, S, r, c, causal);
+    return TB_OK;
+}
+
+tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
+                            double *A_h, size_t A_h_len,
+                            double *S, size_t S_len,
+                            const double *Q, size_t Q_len,
+                            const double *K, size_t K_len,
+                            const double *V, size_t V_len,
+                            int64_t T, int64_t head, const tb_config *cfg)
+{
+    tb_sizes s;
+    if (out_concat == NULL || A_h == NULL || S == NULL || Q == NULL || K == NULL || V == NULL ||
+        cfg == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    if (T < 1)
+        return TB_ERR_DIM;
+    if (head < 0 || head >= cfg->n_heads)
+        return TB_ERR_HEAD_INDEX;
+    TRY(block_sizes(cfg, 1, T, &s));
+    if (Q_len < s.Td || K_len < s.Td || V_len < s.Td)
+        return TB_ERR_INPUT_SIZE;
+    if (out_concat_len < s.Td || A_h_len < s.TT)
+        return TB_ERR_OUTPUT_SIZE;
+    if (S_len < s.TT)
+        return TB_ERR_SCRATCH_SIZE;
+    {
+        const span spans[] = {span_of(out_concat, s.Td, 1), span_of(A_h, s.TT, 1), span_of(S, s.TT, 1),
+                              span_of(Q, s.Td, 0), span_of(K, s.Td, 0), span_of(V, s.Td, 0)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+    attention_head(out_concat, A_h, S, Q, K, V, s.T, s.d, s.dk, (size_t)head, cfg->causal);
+    return TB_OK;
+}
+
+tb_status tb_ffn(double *F_out, size_t F_out_len,
+                 double *F_pre, size_t F_pre_len,
+                 double *F_post, size_t F_post_len,
+                 const double *X, size_t X_len,
+                 int64_t T, const tb_config *cfg, const tb_weights *w)
+{
+    tb_sizes s;
+    if (F_out == NULL || F_pre == NULL || F_post == NULL || X == NULL || cfg == NULL || w == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    TRY(block_sizes(cfg, 1, T, &s));
+    if (X_len < s.Td)
+        return TB_ERR_INPUT_SIZE;
+    if (F_out_len < s.Td || F_pre_len < s.Tf || F_post_len < s.Tf)
+        return TB_ERR_OUTPUT_SIZE;
+    TRY(check_ffn_weights(cfg, w, &s));
+    {
+        const span spans[] = {span_of(F_out, s.Td, 1), span_of(F_pre, s.Tf, 1), span_of(F_post, s.Tf, 1),
+                              span_of(X, s.Td, 0), span_of(w->w_ff1, s.df, 0), span_of(w->w_ff2, s.df, 0),
+                              span_of(w->b_ff1, s.f, 0), span_of(w->b_ff2, s.d, 0)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+    ffn(F_out, F_pre, F_post, X, s.T, s.d, s.f, w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation);
+    return TB_OK;
+}
+
+tb_status tb_block_forward(double *out, size_t out_len,
+                           const double *in, size_t in_len,
+                           int64_t B, int64_t T,
+                           const tb_config *cfg, const tb_weights *w,
+                           const tb_scratch *scratch, const tb_trace *trace)
+{
+    tb_sizes s;
+    if (out == NULL || in == NULL || cfg == NULL || w == NULL || scratch == NULL || scratch->data == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    TRY(block_sizes(cfg, B, T, &s));
+    if (in_len < s.BTd)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < s.BTd)
+        return TB_ERR_OUTPUT_SIZE;
+    TRY(check_attention_weights(w, &s));
+    TRY(check_ffn_weights(cfg, w, &s));
+    TRY(check_ln_weights(cfg, w, &s));
+    if (scratch->len < s.scratch)
+        return TB_ERR_SCRATCH_SIZE;
+    if (trace != NULL)
+        TRY(check_trace(trace, &s));
+    {
+        const tb_trace none = {0};
+        const tb_trace *t = trace != NULL ? trace : &none;   /* all NULL: no spans */
+        const span spans[] = {
+            span_of(out, s.BTd, 1), span_of(in, s.BTd, 0), span_of(scratch->data, s.scratch, 1),
+            span_of(w->w_q, s.dd, 0), span_of(w->w_k, s.dd, 0), span_of(w->w_v, s.dd, 0),
+            span_of(w->w_o, s.dd, 0), span_of(w->w_ff1, s.df, 0), span_of(w->w_ff2, s.df, 0),
+            span_of(w->b_ff1, s.f, 0), span_of(w->b_ff2, s.d, 0),
+            span_of(w->ln1_gamma, s.d, 0), span_of(w->ln1_beta, s.d, 0),
+            span_of(w->ln2_gamma, s.d, 0), span_of(w->ln2_beta, s.d, 0),
+            span_of(t->H_norm1, s.BTd, 1), span_of(t->Q, s.BTd, 1), span_of(t->K, s.BTd, 1),
+            span_of(t->V, s.BTd, 1), span_of(t->A, s.BhTT, 1), span_of(t->out_concat, s.BTd, 1),
+            span_of(t->A_out, s.BTd, 1), span_of(t->H_mid, s.BTd, 1), span_of(t->H_norm2, s.BTd, 1),
+            span_of(t->F_pre, s.BTf, 1), span_of(t->F_post, s.BTf, 1), span_of(t->F_out, s.BTd, 1),
+            span_of(t->H_out, s.BTd, 1)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+
+    /* every check passed: from here on nothing can fail */
+    {
+        const seq_buffers b = carve_scratch(scratch->data, &s);
+        for (size_t seq = 0; seq < s.B; seq++) {
+            block_forward_one(&b, in + seq * s.Td, cfg, w, &s);
+            copy(out + seq * s.Td, b.H_out, s.Td);
+            if (trace != NULL)
+                write_trace(trace, &b, seq, &s);
+        }
+    }
+    return TB_OK;
+}

@@ -1,0 +1,196 @@
+/*
+ * tblock_ref.h: the plain C99 reference of Lesson 13's transformer block.
+ *
+ * The second, independent implementation every fast kernel is checked against,
+ * so it is written to be checked by eye, not to be fast: double precision,
+ * libm only, no globals, no allocation, no fast-math.
+ *
+ *   Pre-LN  (the lesson):  H_mid = H_in  + MHA(LN1(H_in))
+ *                          H_out = H_mid + FFN(LN2(H_mid))
+ *   Post-LN (Exercise 3):  H_mid = LN1(H_in  + MHA(H_in))
+ *                          H_out = LN2(H_mid + FFN(H_mid))
+ *
+ *   MHA(X): Q = X W_Q, K = X W_K, V = X W_V; per head h (columns h*d_k .. h*d_k+d_k-1)
+ *           S_h = Q_h K_h^T / sqrt(d_k), masked, A_h = softmax_rows(S_h), out_h = A_h V_h;
+ *           out_concat = [out_1 ... out_H]; MHA(X) = out_concat W_O
+ *   FFN(X): F_pre = X W_ff1 (+ b_ff1); F_post = act(F_pre); F_out = F_post W_ff2 (+ b_ff2)
+ *
+ * Conventions
+ *   - Every matrix is a row-major array of doubles; a layer acts by right
+ *     multiplication (row convention), X @ W, as in the lesson.
+ *   - Every buffer is passed with its length, counted in doubles. A function
+ *     fails if a length is smaller than the shapes need, and never touches a
+ *     double past what the shapes need.
+ *   - Every entry point checks all of its arguments before it writes anything:
+ *     on error it returns a tb_status other than TB_OK and has written nothing.
+ *   - Output buffers must not overlap any other buffer of the same call
+ *     (TB_ERR_OVERLAP); read-only buffers may overlap each other.
+ */
+#ifndef TBLOCK_REF_H
+#define TBLOCK_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- cffi-cdef-begin ----
+ * c_ref/build_cref.py hands the text between these two markers to cffi's cdef,
+ * so it must stay plain declarations: no #define, no #if, no inline code. */
+
+/* What every entry point returns. */
+typedef enum {
+    TB_OK = 0,
+    TB_ERR_NULL_ARG,          /* a required pointer argument is NULL */
+    TB_ERR_NULL_WEIGHT,       /* a weight the config needs is NULL (gamma given without beta counts too) */
+    TB_ERR_UNEXPECTED_WEIGHT, /* an optional weight is given although the config's flag says absent */
+    TB_ERR_NULL_TRACE,        /* a trace struct is given but one of its arrays is NULL */
+    TB_ERR_DIM,               /* a dimension (B, T, d_model, n_heads, d_ff, rows, cols) is < 1 */
+    TB_ERR_HEADS,             /* d_model is not divisible by n_heads */
+    TB_ERR_HEAD_INDEX,        /* a head index outside 0 .. n_heads-1 */
+    TB_ERR_NORM,              /* norm is not TB_NORM_PRE or TB_NORM_POST */
+    TB_ERR_ACTIVATION,        /* activation is not one of TB_ACT_* */
+    TB_ERR_FLAG,              /* causal, has_ffn_bias or has_ln_affine is not 0 or 1 */
+    TB_ERR_EPS,               /* eps is <= 0, NaN or infinite */
+    TB_ERR_OVERFLOW,          /* a buffer size (in doubles or in bytes) does not fit in size_t */
+    TB_ERR_INPUT_SIZE,        /* an input buffer is shorter than its shape */
+    TB_ERR_OUTPUT_SIZE,       /* an output buffer is shorter than its shape */
+    TB_ERR_WEIGHT_SIZE,       /* a weight buffer is shorter than its shape */
+    TB_ERR_SCRATCH_SIZE,      /* the scratch buffer is shorter than tb_scratch_len says */
+    TB_ERR_TRACE_SIZE,        /* a trace buffer is shorter than its shape */
+    TB_ERR_OVERLAP,           /* an output buffer overlaps another buffer of the call */
+    TB_STATUS_COUNT           /* number of codes; not a code */
+} tb_status;
+
+/* Where the LayerNorms sit (tb_config.norm). */
+typedef enum {
+    TB_NORM_PRE = 0,          /* H + f(LN(H)), the lesson */
+    TB_NORM_POST = 1          /* LN(H + f(H)), the original Transformer */
+} tb_norm;
+
+/* The FFN's nonlinearity (tb_config.activation). */
+typedef enum {
+    TB_ACT_GELU_TANH = 0,     /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2 */
+    TB_ACT_GELU_ERF = 1,      /* 0.5 x (1 + erf(x / sqrt(2))), exact GELU */
+    TB_ACT_RELU = 2           /* max(x, 0) */
+} tb_activation;
+
+/* The block's hyper-parameters. */
+typedef struct {
+    int64_t d_model;          /* width of the residual stream, >= 1 */
+    int64_t n_heads;          /* attention heads, >= 1, divides d_model; d_k = d_model / n_heads */
+    int64_t d_ff;             /* hidden width of the FFN, >= 1 */
+    int     causal;           /* 1: query t sees keys i <= t; 0: every key */
+    int     norm;             /* a tb_norm */
+    int     activation;       /* a tb_activation */
+    double  eps;              /* LayerNorm epsilon, added to the variance inside the sqrt; > 0, finite */
+    int     has_ffn_bias;     /* 1: b_ff1, b_ff2 are given; 0: they must be NULL */
+    int     has_ln_affine;    /* 1: ln1/ln2 gamma, beta are given; 0: they must be NULL */
+} tb_config;
+
+/* The block's parameters, each with its length in doubles. */
+typedef struct {
+    const double *w_q;       size_t w_q_len;        /* (d_model, d_model): Q = X @ w_q */
+    const double *w_k;       size_t w_k_len;        /* (d_model, d_model): K = X @ w_k */
+    const double *w_v;       size_t w_v_len;        /* (d_model, d_model): V = X @ w_v */
+    const double *w_o;       size_t w_o_len;        /* (d_model, d_model): A_out = out_concat @ w_o */
+    const double *w_ff1;     size_t w_ff1_len;      /* (d_model, d_ff):    F_pre = X @ w_ff1 */
+    const double *w_ff2;     size_t w_ff2_len;      /* (d_ff, d_model):    F_out = F_post @ w_ff2 */
+    const double *b_ff1;     size_t b_ff1_len;      /* (d_ff,)    or NULL without has_ffn_bias */
+    const double *b_ff2;     size_t b_ff2_len;      /* (d_model,) or NULL without has_ffn_bias */
+    const double *ln1_gamma; size_t ln1_gamma_len;  /* (d_model,) or NULL without has_ln_affine */
+    const double *ln1_beta;  size_t ln1_beta_len;   /* (d_model,) or NULL without has_ln_affine */
+    const double *ln2_gamma; size_t ln2_gamma_len;  /* (d_model,) or NULL without has_ln_affine */
+    const double *ln2_beta;  size_t ln2_beta_len;   /* (d_model,) or NULL without has_ln_affine */
+} tb_weights;
+
+/* Working memory for tb_block_forward, allocated by the caller:
+ * len >= what tb_scratch_len returns for the config and T. */
+typedef struct {
+    double *data;
+    size_t  len;
+} tb_scratch;
+
+/* Optional outputs of tb_block_forward: the lesson's intermediates for the
+ * whole batch, each with its length in doubles. All thirteen must be given.
+ * For Post-LN, H_norm1 is LN1(H_in + A_out) (= H_mid) and H_norm2 is
+ * LN2(H_mid + F_out) (= H_out); Q, K, V are then computed from H_in and
+ * F_pre from H_mid. */
+typedef struct {
+    double *H_norm1;    size_t H_norm1_len;     /* (B, T, d_model) LN1 output */
+    double *Q;          size_t Q_len;           /* (B, T, d_model) */
+    double *K;          size_t K_len;           /* (B, T, d_model) */
+    double *V;          size_t V_len;           /* (B, T, d_model) */
+    double *A;          size_t A_len;           /* (B, n_heads, T, T) attention probabilities */
+    double *out_concat; size_t out_concat_len;  /* (B, T, d_model) head outputs side by side */
+    double *A_out;      size_t A_out_len;       /* (B, T, d_model) out_concat @ w_o */
+    double *H_mid;      size_t H_mid_len;       /* (B, T, d_model) stream after the first sublayer */
+    double *H_norm2;    size_t H_norm2_len;     /* (B, T, d_model) LN2 output */
+    double *F_pre;      size_t F_pre_len;       /* (B, T, d_ff) */
+    double *F_post;     size_t F_post_len;      /* (B, T, d_ff) */
+    double *F_out;      size_t F_out_len;       /* (B, T, d_model) */
+    double *H_out;      size_t H_out_len;       /* (B, T, d_model) block output */
+} tb_trace;
+
+/* A fixed English sentence for a status code (any int; unknown codes get one too). */
+const char *tb_status_message(int status);
+/* The code's enum name, e.g. "TB_ERR_DIM" ("TB_UNKNOWN_STATUS" for unknown codes). */
+const char *tb_status_name(int status);
+
+/* *len = doubles of scratch tb_block_forward needs for sequences of T tokens. */
+tb_status tb_scratch_len(const tb_config *cfg, int64_t T, size_t *len);
+
+/* out (rows, cols) = each row of X standardised: population variance over the
+ * row, eps inside the sqrt; then * gamma + beta when both are given (each
+ * (cols,), affine_len their length; both NULL for none). */
+tb_status tb_layernorm_rows(double *out, size_t out_len,
+                            const double *X, size_t X_len,
+                            int64_t rows, int64_t cols,
+                            const double *gamma, const double *beta, size_t affine_len,
+                            double eps);
+
+/* out (rows, cols) = row-wise softmax of S, max-subtracted. With causal = 1,
+ * row t keeps only columns i <= t and the others are exactly 0. */
+tb_status tb_masked_softmax_rows(double *out, size_t out_len,
+                                 const double *S, size_t S_len,
+                                 int64_t rows, int64_t cols, int causal);
+
+/* One head: S (T, T) = Q_h K_h^T / sqrt(d_k); A_h (T, T) = masked softmax of S;
+ * columns head*d_k .. head*d_k+d_k-1 of out_concat (T, d_model) = A_h V_h.
+ * Q, K, V are (T, d_model); the other columns of out_concat are left as they are.
+ * Uses cfg's d_model, n_heads and causal (the whole cfg must be valid). */
+tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
+                            double *A_h, size_t A_h_len,
+                            double *S, size_t S_len,
+                            const double *Q, size_t Q_len,
+                            const double *K, size_t K_len,
+                            const double *V, size_t V_len,
+                            int64_t T, int64_t head, const tb_config *cfg);
+
+/* FFN of X (T, d_model): F_pre (T, d_ff) = X w_ff1 (+ b_ff1); F_post (T, d_ff) =
+ * act(F_pre); F_out (T, d_model) = F_post w_ff2 (+ b_ff2). Reads only the FFN
+ * weights of w (w_q .. w_o and the LayerNorm ones may be anything). */
+tb_status tb_ffn(double *F_out, size_t F_out_len,
+                 double *F_pre, size_t F_pre_len,
+                 double *F_post, size_t F_post_len,
+                 const double *X, size_t X_len,
+                 int64_t T, const tb_config *cfg, const tb_weights *w);
+
+/* The block on a batch: out (B, T, d_model) = block(in (B, T, d_model)),
+ * each sequence on its own. trace may be NULL; when given, the intermediates
+ * are written there too. */
+tb_status tb_block_forward(double *out, size_t out_len,
+                           const double *in, size_t in_len,
+                           int64_t B, int64_t T,
+                           const tb_config *cfg, const tb_weights *w,
+                           const tb_scratch *scratch, const tb_trace *trace);
+
+/* ---- cffi-cdef-end ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TBLOCK_REF_H */

@@ -1,0 +1,905 @@
+/*
+ * test_block.c: tests of the C reference that need no Python.
+ *
+ * Calls every entry point of tblock_ref.h: small cases checked against values
+ * worked out by hand, and every kind of bad argument, checking the returned
+ * code and that no output byte changed. Every buffer is malloc'ed at exactly
+ * the length the shapes need, so under -fsanitize=address a read or write one
+ * past the end is caught. tests/test_c_sanitizers.py builds and runs it:
+ *
+ *   gcc -std=c99 -fsanitize=address,undefined -fno-omit-frame-pointer \
+ *       -Ic_ref c_ref/tests/test_block.c c_ref/tblock_ref.c -lm -o test_block
+ *
+ * Prints one line per failure and closes with "N passed, M failed";
+ * exits 0 only when nothing failed.
+ */
+#include "tblock_ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int n_passed = 0, n_failed = 0;
+
+static void check_at(int ok, const char *what, int line)
+{
+    if (ok) {
+        n_passed++;
+    } else {
+        n_failed++;
+        printf("FAIL line %d: %s\n", line, what);
+    }
+}
+#define CHECK(cond) check_at((cond) != 0, #cond, __LINE__)
+
+static void check_close_at(double got, double want, double tol, const char *what, int line)
+{
+    int ok = fabs(got - want) <= tol;
+    if (!ok)
+        printf("FAIL line %d: %s = %.17g, want %.17g (tol %g)\n", line, what, got, want, tol);
+    check_at(ok, what, line);
+}
+#define CHECK_CLOSE(got, want) check_close_at((got), (want), 1e-15, #got, __LINE__)
+
+static void check_status_at(tb_status got, tb_status want, const char *what, int line)
+{
+    if (got != want)
+        printf("FAIL line %d: %s returned %s, want %s\n", line, what, tb_status_name(got), tb_status_name(want));
+    check_at(got == want, what, line);
+}
+#define CHECK_STATUS(call, want) check_status_at((call), (want), #call, __LINE__)
+
+/* ---- buffers ---- */
+
+static const double SENTINEL = 777.25;   /* what an untouched output holds */
+
+static double *alloc_doubles(size_t n)
+{
+    double *p = malloc(n * sizeof(double));
+    if (p == NULL) {
+        printf("out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void fill(double *p, size_t n, double v)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
+}
+
+static int all_equal(const double *p, size_t n, double v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(p[i] == v))
+            return 0;
+    return 1;
+}
+
+static int all_finite(const double *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return 0;
+    return 1;
+}
+
+/* Deterministic values in [-1, 1) from a local LCG state. */
+static double next_value(unsigned long *state)
+{
+    *state = (*state * 1103515245UL + 12345UL) % 2147483648UL;
+    return (double)*state / 1073741824.0 - 1.0;
+}
+
+static void fill_values(double *p, size_t n, unsigned long *state)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = next_value(state);
+}
+
+/* ---- status messages ---- */
+
+static void test_status_strings(void)
+{
+    for (int code = 0; code < TB_STATUS_COUNT; code++) {
+        CHECK(strcmp(tb_status_name(code), "TB_UNKNOWN_STATUS") != 0);
+        CHECK(strncmp(tb_status_name(code), "TB_", 3) == 0);
+        CHECK(strcmp(tb_status_message(code), "unknown status code") != 0);
+        CHECK(strlen(tb_status_message(code)) > 0);
+    }
+    CHECK(strcmp(tb_status_name(TB_OK), "TB_OK") == 0);
+    CHECK(strcmp(tb_status_name(TB_ERR_DIM), "TB_ERR_DIM") == 0);
+    CHECK(strcmp(tb_status_name(TB_ERR_OVERLAP), "TB_ERR_OVERLAP") == 0);
+    CHECK(strcmp(tb_status_name(-1), "TB_UNKNOWN_STATUS") == 0);
+    CHECK(strcmp(tb_status_name(TB_STATUS_COUNT), "TB_UNKNOWN_STATUS") == 0);
+    CHECK(strcmp(tb_status_message(-1), "unknown status code") == 0);
+    CHECK(strcmp(tb_status_message(1000), "unknown status code") == 0);
+}
+
+/* ---- tb_layernorm_rows ---- */
+
+static void test_layernorm(void)
+{
+    /* row [1, 2, 3]: mean 2, population variance 2/3; eps = 1/3 makes sqrt(var + eps) = 1,
+     * so LN = [-1, 0, 1]. Row [5, 5, 5]: variance 0, so LN = [0, 0, 0] (eps keeps it finite). */
+    double *X = alloc_doubles(6), *out = alloc_doubles(6);
+    double *gamma = alloc_doubles(3), *beta = alloc_doubles(3);
+    const double x[6] = {1, 2, 3, 5, 5, 5};
+    const double g[3] = {2, 2, 2}, b[3] = {1, -1, 0.5};
+    const double eps = 1.0 / 3.0;
+    memcpy(X, x, sizeof x);
+    memcpy(gamma, g, sizeof g);
+    memcpy(beta, b, sizeof b);
+
+    CHECK_STATUS(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, eps), TB_OK);
+    CHECK_CLOSE(out[0], -1.0);
+    CHECK_CLOSE(out[1], 0.0);
+    CHECK_CLOSE(out[2], 1.0);
+    CHECK(out[3] == 0.0 && out[4] == 0.0 && out[5] == 0.0);
+
+    /* with gamma, beta: y * gamma + beta */
+    CHECK_STATUS(tb_layernorm_rows(out, 6, X, 6, 2, 3, gamma, beta, 3, eps), TB_OK);
+    CHECK_CLOSE(out[0], -1.0);   /* -1 * 2 + 1 */
+    CHECK_CLOSE(out[1], -1.0);   /*  0 * 2 - 1 */
+    CHECK_CLOSE(out[2], 2.5);    /*  1 * 2 + 0.5 */
+    CHECK(out[3] == 1.0 && out[4] == -1.0 && out[5] == 0.5);
+
+    /* eps matters: eps = 1e-5 gives 1 / sqrt(2/3 + 1e-5) for the last element of row 0 */
+    CHECK_STATUS(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, 1e-5), TB_OK);
+    CHECK_CLOSE(out[2], 1.0 / sqrt(2.0 / 3.0 + 1e-5));
+
+    /* bad arguments: the status, and out untouched */
+#define LN_BAD(call, want)                     \
+    do {                                       \
+        fill(out, 6, SENTINEL);                \
+        CHECK_STATUS(call, want);              \
+        CHECK(all_equal(out, 6, SENTINEL));    \
+    } while (0)
+    LN_BAD(tb_layernorm_rows(NULL, 6, X, 6, 2, 3, NULL, NULL, 0, eps), TB_ERR_NULL_ARG);
+    LN_BAD(tb_layernorm_rows(out, 6, NULL, 6, 2, 3, NULL, NULL, 0, eps), TB_ERR_NULL_ARG);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, gamma, NULL, 3, eps), TB_ERR_NULL_WEIGHT);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, beta, 3, eps), TB_ERR_NULL_WEIGHT);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, 0.0), TB_ERR_EPS);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, -1e-5), TB_ERR_EPS);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, NAN), TB_ERR_EPS);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, NULL, NULL, 0, INFINITY), TB_ERR_EPS);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 0, 3, NULL, NULL, 0, eps), TB_ERR_DIM);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, -3, NULL, NULL, 0, eps), TB_ERR_DIM);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, INT64_MAX, INT64_MAX, NULL, NULL, 0, eps), TB_ERR_OVERFLOW);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, INT64_MAX, 1, NULL, NULL, 0, eps), TB_ERR_OVERFLOW);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 5, 2, 3, NULL, NULL, 0, eps), TB_ERR_INPUT_SIZE);
+    LN_BAD(tb_layernorm_rows(out, 5, X, 6, 2, 3, NULL, NULL, 0, eps), TB_ERR_OUTPUT_SIZE);
+    LN_BAD(tb_layernorm_rows(out, 6, X, 6, 2, 3, gamma, beta, 2, eps), TB_ERR_WEIGHT_SIZE);
+    LN_BAD(tb_layernorm_rows(out, 6, out, 6, 2, 3, NULL, NULL, 0, eps), TB_ERR_OVERLAP);
+    LN_BAD(tb_layernorm_rows(out + 1, 5, out, 6, 1, 3, NULL, NULL, 0, eps), TB_ERR_OVERLAP);
+#undef LN_BAD
+    /* in place is refused, but rows of distinct buffers may sit next to each other */
+    CHECK_STATUS(tb_layernorm_rows(out, 3, out + 3, 3, 1, 3, NULL, NULL, 0, eps), TB_OK);
+
+    free(X);
+    free(out);
+    free(gamma);
+    free(beta);
+}
+
+/* ---- tb_masked_softmax_rows ---- */
+
+static void test_softmax(void)
+{
+    double *S = alloc_doubles(9), *A = alloc_doubles(9);
+
+    /* unmasked row [0, ln 2, ln 3]: exp gives 1 : 2 : 3, so [1/6, 2/6, 3/6] */
+    S[0] = 0.0;
+    S[1] = log(2.0);
+    S[2] = log(3.0);
+    CHECK_STATUS(tb_masked_softmax_rows(A, 3, S, 3, 1, 3, 0), TB_OK);
+    CHECK_CLOSE(A[0], 1.0 / 6.0);
+    CHECK_CLOSE(A[1], 2.0 / 6.0);
+    CHECK_CLOSE(A[2], 3.0 / 6.0);
+
+    /* max subtraction: [1000, 1000, -1000] would overflow exp() without it */
+    S[0] = 1000.0;
+    S[1] = 1000.0;
+    S[2] = -1000.0;
+    CHECK_STATUS(tb_masked_softmax_rows(A, 3, S, 3, 1, 3, 0), TB_OK);
+    CHECK_CLOSE(A[0], 0.5);
+    CHECK_CLOSE(A[1], 0.5);
+    CHECK(A[2] >= 0.0 && A[2] < 1e-300);
+
+    /* causal 3 x 3 with equal scores: uniform over keys i <= t, masked exactly 0 */
+    fill(S, 9, 0.0);
+    S[1] = 1e300;     /* a masked score, however large, contributes nothing */
+    S[2] = 1e300;
+    S[5] = 1e300;
+    CHECK_STATUS(tb_masked_softmax_rows(A, 9, S, 9, 3, 3, 1), TB_OK);
+    CHECK(A[0] == 1.0 && A[1] == 0.0 && A[2] == 0.0);
+    CHECK(A[3] == 0.5 && A[4] == 0.5 && A[5] == 0.0);
+    CHECK_CLOSE(A[6], 1.0 / 3.0);
+    CHECK_CLOSE(A[7], 1.0 / 3.0);
+    CHECK_CLOSE(A[8], 1.0 / 3.0);
+
+    /* causal on a wide (2 x 3) block: row t keeps columns i <= t */
+    fill(S, 6, 0.0);
+    CHECK_STATUS(tb_masked_softmax_rows(A, 6, S, 6, 2, 3, 1), TB_OK);
+    CHECK(A[0] == 1.0 && A[1] == 0.0 && A[2] == 0.0 && A[3] == 0.5 && A[4] == 0.5 && A[5] == 0.0);
+
+#define SM_BAD(call, want)                     \
+    do {                                       \
+        fill(A, 9, SENTINEL);                  \
+        CHECK_STATUS(call, want);              \
+        CHECK(all_equal(A, 9, SENTINEL));      \
+    } while (0)
+    SM_BAD(tb_masked_softmax_rows(NULL, 9, S, 9, 3, 3, 1), TB_ERR_NULL_ARG);
+    SM_BAD(tb_masked_softmax_rows(A, 9, NULL, 9, 3, 3, 1), TB_ERR_NULL_ARG);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 9, 3, 3, 2), TB_ERR_FLAG);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 9, 3, 3, -1), TB_ERR_FLAG);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 9, 0, 3, 1), TB_ERR_DIM);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 9, 3, -1, 1), TB_ERR_DIM);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 9, INT64_MAX, 2, 1), TB_ERR_OVERFLOW);
+    SM_BAD(tb_masked_softmax_rows(A, 9, S, 8, 3, 3, 1), TB_ERR_INPUT_SIZE);
+    SM_BAD(tb_masked_softmax_rows(A, 8, S, 9, 3, 3, 1), TB_ERR_OUTPUT_SIZE);
+    SM_BAD(tb_masked_softmax_rows(A, 9, A, 9, 3, 3, 1), TB_ERR_OVERLAP);
+#undef SM_BAD
+    free(S);
+    free(A);
+}
+
+/* ---- tb_attention_head ---- */
+
+static tb_config small_config(int64_t d_model, int64_t n_heads, int64_t d_ff, int causal)
+{
+    tb_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.d_model = d_model;
+    cfg.n_heads = n_heads;
+    cfg.d_ff = d_ff;
+    cfg.causal = causal;
+    cfg.norm = TB_NORM_PRE;
+    cfg.activation = TB_ACT_GELU_TANH;
+    cfg.eps = 1e-5;
+    cfg.has_ffn_bias = 0;
+    cfg.has_ln_affine = 0;
+    return cfg;
+}
+
+static void test_attention_head(void)
+{
+    /* T = 2, d_model = 2, two heads of d_k = 1; head 1 reads column 1.
+     * Q[:,1] = [1, 1], K[:,1] = [0, ln 3], scale 1/sqrt(1): S = [[0, ln 3], [0, ln 3]].
+     * causal: A = [[1, 0], [1/4, 3/4]]; V[:,1] = [2, 6]: out[:,1] = [2, 2/4 + 18/4 = 5].
+     * unmasked: both rows [1/4, 3/4], out[:,1] = [5, 5]. Column 0 of out is not touched. */
+    double *Q = alloc_doubles(4), *K = alloc_doubles(4), *V = alloc_doubles(4);
+    double *out = alloc_doubles(4), *A = alloc_doubles(4), *S = alloc_doubles(4);
+    tb_config cfg = small_config(2, 2, 8, 1);
+    const double q[4] = {9, 1, 9, 1}, k[4] = {9, 0, 9, log(3.0)}, v[4] = {9, 2, 9, 6};
+    memcpy(Q, q, sizeof q);
+    memcpy(K, k, sizeof k);
+    memcpy(V, v, sizeof v);
+
+    fill(out, 4, SENTINEL);
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_OK);
+    CHECK(out[0] == SENTINEL && out[2] == SENTINEL);
+    CHECK_CLOSE(S[1], log(3.0));
+    CHECK(A[0] == 1.0 && A[1] == 0.0);
+    CHECK_CLOSE(A[2], 0.25);
+    CHECK_CLOSE(A[3], 0.75);
+    CHECK_CLOSE(out[1], 2.0);
+    CHECK_CLOSE(out[3], 5.0);
+
+    cfg.causal = 0;
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_OK);
+    CHECK_CLOSE(A[0], 0.25);
+    CHECK_CLOSE(out[1], 5.0);
+    CHECK_CLOSE(out[3], 5.0);
+    cfg.causal = 1;
+
+#define AH_BAD(call, want)                                        \
+    do {                                                          \
+        fill(out, 4, SENTINEL);                                   \
+        fill(A, 4, SENTINEL);                                     \
+        fill(S, 4, SENTINEL);                                     \
+        CHECK_STATUS(call, want);                                 \
+        CHECK(all_equal(out, 4, SENTINEL) && all_equal(A, 4, SENTINEL) && all_equal(S, 4, SENTINEL)); \
+    } while (0)
+    AH_BAD(tb_attention_head(NULL, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, NULL, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, NULL, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, NULL, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, NULL, 4, V, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, NULL, 4, 2, 1, &cfg), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, NULL), TB_ERR_NULL_ARG);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 0, 1, &cfg), TB_ERR_DIM);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 2, &cfg), TB_ERR_HEAD_INDEX);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, -1, &cfg), TB_ERR_HEAD_INDEX);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 3, K, 4, V, 4, 2, 1, &cfg), TB_ERR_INPUT_SIZE);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 3, V, 4, 2, 1, &cfg), TB_ERR_INPUT_SIZE);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 3, 2, 1, &cfg), TB_ERR_INPUT_SIZE);
+    AH_BAD(tb_attention_head(out, 3, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_OUTPUT_SIZE);
+    AH_BAD(tb_attention_head(out, 4, A, 3, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_OUTPUT_SIZE);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 3, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_SCRATCH_SIZE);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, out, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_OVERLAP);
+    AH_BAD(tb_attention_head(out, 4, A, 4, A, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_OVERLAP);
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, S, 4, 2, 1, &cfg), TB_ERR_OVERLAP);
+    /* a bad config is refused whole, even in fields this function does not use */
+    cfg.d_model = 3;
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_HEADS);
+    cfg.d_model = 2;
+    cfg.activation = 7;
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_ACTIVATION);
+    cfg.activation = TB_ACT_RELU;
+    cfg.causal = 3;
+    AH_BAD(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 4, V, 4, 2, 1, &cfg), TB_ERR_FLAG);
+#undef AH_BAD
+    free(Q);
+    free(K);
+    free(V);
+    free(out);
+    free(A);
+    free(S);
+}
+
+/* ---- tb_ffn ---- */
+
+static void test_ffn(void)
+{
+    /* d_model = d_ff = 1 so every step is a scalar */
+    double *X = alloc_doubles(2), *F_pre = alloc_doubles(2), *F_post = alloc_doubles(2), *F_out = alloc_doubles(2);
+    double *w1 = alloc_doubles(1), *w2 = alloc_doubles(1), *b1 = alloc_doubles(1), *b2 = alloc_doubles(1);
+    tb_config cfg = small_config(1, 1, 1, 1);
+    tb_weights w;
+    memset(&w, 0, sizeof w);
+    w.w_ff1 = w1;
+    w.w_ff1_len = 1;
+    w.w_ff2 = w2;
+    w.w_ff2_len = 1;
+
+    /* relu with biases: X = [1, -1], W1 = 2, b1 = -1: F_pre = [1, -3], F_post = [1, 0];
+     * W2 = 3, b2 = 0.5: F_out = [3.5, 0.5] */
+    cfg.activation = TB_ACT_RELU;
+    cfg.has_ffn_bias = 1;
+    X[0] = 1.0;
+    X[1] = -1.0;
+    w1[0] = 2.0;
+    b1[0] = -1.0;
+    w2[0] = 3.0;
+    b2[0] = 0.5;
+    w.b_ff1 = b1;
+    w.b_ff1_len = 1;
+    w.b_ff2 = b2;
+    w.b_ff2_len = 1;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+    CHECK(F_pre[0] == 1.0 && F_pre[1] == -3.0);
+    CHECK(F_post[0] == 1.0 && F_post[1] == 0.0);
+    CHECK(F_out[0] == 3.5 && F_out[1] == 0.5);
+
+    /* the GELUs without biases: X = [0.5, -0.5], W1 = 2 gives F_pre = [1, -1], W2 = 1.
+     * gelu_erf(1) = Phi(1) = 0.8413447460685429, gelu_erf(-1) = -(1 - Phi(1));
+     * gelu_tanh(1) = 0.5 (1 + tanh(sqrt(2/pi) 1.044715)) = 0.8411919906082768 */
+    cfg.has_ffn_bias = 0;
+    w.b_ff1 = NULL;
+    w.b_ff1_len = 0;
+    w.b_ff2 = NULL;
+    w.b_ff2_len = 0;
+    X[0] = 0.5;
+    X[1] = -0.5;
+    w2[0] = 1.0;
+    cfg.activation = TB_ACT_GELU_ERF;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+    CHECK_CLOSE(F_post[0], 0.8413447460685429);
+    CHECK_CLOSE(F_post[1], -0.15865525393145707);
+    CHECK_CLOSE(F_out[0], 0.8413447460685429);
+    cfg.activation = TB_ACT_GELU_TANH;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+    CHECK_CLOSE(F_post[0], 0.8411919906082768);
+    CHECK_CLOSE(F_post[1], -0.15880800939172324);
+
+    /* huge inputs stay finite: x^3 overflows to -inf, tanh(-inf) = -1, 0.5 x (1 - 1) = 0 */
+    X[0] = -1e200;
+    X[1] = 1e200;
+    w1[0] = 1.0;
+    w2[0] = 0.0;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+    CHECK(F_post[0] == 0.0 && F_post[1] == 1e200);
+    cfg.activation = TB_ACT_GELU_ERF;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+    CHECK(F_post[0] == 0.0 && F_post[1] == 1e200);
+
+#define FFN_BAD(call, want)                                                              \
+    do {                                                                                 \
+        fill(F_out, 2, SENTINEL);                                                        \
+        fill(F_pre, 2, SENTINEL);                                                        \
+        fill(F_post, 2, SENTINEL);                                                       \
+        CHECK_STATUS(call, want);                                                        \
+        CHECK(all_equal(F_out, 2, SENTINEL) && all_equal(F_pre, 2, SENTINEL) &&          \
+              all_equal(F_post, 2, SENTINEL));                                           \
+    } while (0)
+    FFN_BAD(tb_ffn(NULL, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, NULL, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, NULL, 2, X, 2, 2, &cfg, &w), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, NULL, 2, 2, &cfg, &w), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, NULL, &w), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, NULL), TB_ERR_NULL_ARG);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 0, &cfg, &w), TB_ERR_DIM);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, INT64_MAX, &cfg, &w), TB_ERR_OVERFLOW);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 1, 2, &cfg, &w), TB_ERR_INPUT_SIZE);
+    FFN_BAD(tb_ffn(F_out, 1, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_OUTPUT_SIZE);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 1, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_OUTPUT_SIZE);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 1, X, 2, 2, &cfg, &w), TB_ERR_OUTPUT_SIZE);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, F_out, 2, 2, &cfg, &w), TB_ERR_OVERLAP);
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_pre, 2, X, 2, 2, &cfg, &w), TB_ERR_OVERLAP);
+    cfg.activation = 3;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_ACTIVATION);
+    cfg.activation = -1;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_ACTIVATION);
+    cfg.activation = TB_ACT_RELU;
+    w.w_ff1 = NULL;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_NULL_WEIGHT);
+    w.w_ff1 = w1;
+    w.w_ff2_len = 0;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_WEIGHT_SIZE);
+    w.w_ff2_len = 1;
+    w.b_ff2 = b2;                        /* a bias although has_ffn_bias = 0 */
+    w.b_ff2_len = 1;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_UNEXPECTED_WEIGHT);
+    cfg.has_ffn_bias = 1;                /* now b_ff1 is missing */
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_NULL_WEIGHT);
+    w.b_ff1 = b1;
+    w.b_ff1_len = 0;
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_WEIGHT_SIZE);
+    w.b_ff1_len = 1;
+    w.b_ff2 = F_pre;                     /* a weight the call would overwrite */
+    FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_OVERLAP);
+    w.b_ff2 = b2;
+    CHECK_STATUS(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_OK);
+#undef FFN_BAD
+    free(X);
+    free(F_pre);
+    free(F_post);
+    free(F_out);
+    free(w1);
+    free(w2);
+    free(b1);
+    free(b2);
+}
+
+/* ---- tb_block_forward ---- */
+
+#define N_WEIGHTS 12
+#define N_TRACE 13
+
+/* Everything one tb_block_forward call needs, each buffer malloc'ed at exactly its shape. */
+typedef struct {
+    tb_config cfg;
+    int64_t B, T;
+    size_t n_seq;                        /* B * T * d_model */
+    double *in, *out;
+    tb_weights w;
+    tb_scratch scratch;
+    tb_trace trace;
+    const double **weight[N_WEIGHTS];    /* the weight pointers of w, to loop over */
+    size_t *weight_len[N_WEIGHTS];
+    double **trace_buf[N_TRACE];         /* the array pointers of trace */
+    size_t *trace_len[N_TRACE];
+} fixture;
+
+static double *fixture_alloc(size_t n, unsigned long *state)
+{
+    double *p = alloc_doubles(n);
+    fill_values(p, n, state);
+    return p;
+}
+
+static void fixture_init(fixture *fx, tb_config cfg, int64_t B, int64_t T, unsigned long seed)
+{
+    const size_t b = (size_t)B, t = (size_t)T, d = (size_t)cfg.d_model, f = (size_t)cfg.d_ff,
+                 h = (size_t)cfg.n_heads;
+    unsigned long state = seed;
+    size_t n;
+    memset(fx, 0, sizeof *fx);
+    fx->cfg = cfg;
+    fx->B = B;
+    fx->T = T;
+    fx->n_seq = b * t * d;
+    fx->in = fixture_alloc(fx->n_seq, &state);
+    fx->out = alloc_doubles(fx->n_seq);
+
+    {
+        const double **weight[N_WEIGHTS] = {
+            &fx->w.w_q, &fx->w.w_k, &fx->w.w_v, &fx->w.w_o, &fx->w.w_ff1, &fx->w.w_ff2,
+            &fx->w.b_ff1, &fx->w.b_ff2, &fx->w.ln1_gamma, &fx->w.ln1_beta, &fx->w.ln2_gamma, &fx->w.ln2_beta};
+        size_t *weight_len[N_WEIGHTS] = {
+            &fx->w.w_q_len, &fx->w.w_k_len, &fx->w.w_v_len, &fx->w.w_o_len, &fx->w.w_ff1_len, &fx->w.w_ff2_len,
+            &fx->w.b_ff1_len, &fx->w.b_ff2_len, &fx->w.ln1_gamma_len, &fx->w.ln1_beta_len,
+            &fx->w.ln2_gamma_len, &fx->w.ln2_beta_len};
+        const size_t shape[N_WEIGHTS] = {d * d, d * d, d * d, d * d, d * f, f * d, f, d, d, d, d, d};
+        const int present[N_WEIGHTS] = {1, 1, 1, 1, 1, 1, cfg.has_ffn_bias, cfg.has_ffn_bias,
+                                        cfg.has_ln_affine, cfg.has_ln_affine, cfg.has_ln_affine,
+                                        cfg.has_ln_affine};
+        for (int i = 0; i < N_WEIGHTS; i++) {
+            fx->weight[i] = weight[i];
+            fx->weight_len[i] = weight_len[i];
+            if (present[i]) {
+                *weight[i] = fixture_alloc(shape[i], &state);
+                *weight_len[i] = shape[i];
+            }
+        }
+    }
+
+    CHECK_STATUS(tb_scratch_len(&cfg, T, &n), TB_OK);
+    fx->scratch.data = alloc_doubles(n);
+    fx->scratch.len = n;
+
+    {
+        double **buf[N_TRACE] = {
+            &fx->trace.H_norm1, &fx->trace.Q, &fx->trace.K, &fx->trace.V, &fx->trace.A,
+            &fx->trace.out_concat, &fx->trace.A_out, &fx->trace.H_mid, &fx->trace.H_norm2,
+            &fx->trace.F_pre, &fx->trace.F_post, &fx->trace.F_out, &fx->trace.H_out};
+        size_t *len[N_TRACE] = {
+            &fx->trace.H_norm1_len, &fx->trace.Q_len, &fx->trace.K_len, &fx->trace.V_len, &fx->trace.A_len,
+            &fx->trace.out_concat_len, &fx->trace.A_out_len, &fx->trace.H_mid_len, &fx->trace.H_norm2_len,
+            &fx->trace.F_pre_len, &fx->trace.F_post_len, &fx->trace.F_out_len, &fx->trace.H_out_len};
+        const size_t shape[N_TRACE] = {b * t * d, b * t * d, b * t * d, b * t * d, b * h * t * t,
+                                       b * t * d, b * t * d, b * t * d, b * t * d, b * t * f, b * t * f,
+                                       b * t * d, b * t * d};
+        for (int i = 0; i < N_TRACE; i++) {
+            fx->trace_buf[i] = buf[i];
+            fx->trace_len[i] = len[i];
+            *buf[i] = alloc_doubles(shape[i]);
+            *len[i] = shape[i];
+        }
+    }
+}
+
+static void fixture_free(fixture *fx)
+{
+    free(fx->in);
+    free(fx->out);
+    for (int i = 0; i < N_WEIGHTS; i++)
+        free((void *)*fx->weight[i]);
+    free(fx->scratch.data);
+    for (int i = 0; i < N_TRACE; i++)
+        free(*fx->trace_buf[i]);
+}
+
+/* Output, scratch and every (non-NULL) trace array all SENTINEL. */
+static void fixture_mark(fixture *fx)
+{
+    fill(fx->out, fx->n_seq, SENTINEL);
+    fill(fx->scratch.data, fx->scratch.len, SENTINEL);
+    for (int i = 0; i < N_TRACE; i++)
+        if (*fx->trace_buf[i] != NULL)
+            fill(*fx->trace_buf[i], *fx->trace_len[i], SENTINEL);
+}
+
+static int fixture_untouched(const fixture *fx)
+{
+    if (!all_equal(fx->out, fx->n_seq, SENTINEL) || !all_equal(fx->scratch.data, fx->scratch.len, SENTINEL))
+        return 0;
+    for (int i = 0; i < N_TRACE; i++)
+        if (*fx->trace_buf[i] != NULL && !all_equal(*fx->trace_buf[i], *fx->trace_len[i], SENTINEL))
+            return 0;
+    return 1;
+}
+
+static tb_status fixture_run(fixture *fx, int with_trace)
+{
+    return tb_block_forward(fx->out, fx->n_seq, fx->in, fx->n_seq, fx->B, fx->T, &fx->cfg, &fx->w,
+                            &fx->scratch, with_trace ? &fx->trace : NULL);
+}
+
+/* d_model = 1 by hand. A row of one element has mean = itself, so LN gives exactly
+ * beta; all scores of a head are then equal and attention averages equal values. */
+static void test_block_by_hand(void)
+{
+    fixture fx;
+    tb_config cfg = small_config(1, 1, 1, 1);
+    const double H_in[6] = {1, 2, 3, -1, 0, 10};      /* B = 2 sequences of T = 3 tokens */
+    cfg.activation = TB_ACT_RELU;
+    cfg.has_ffn_bias = 1;
+    cfg.has_ln_affine = 1;
+    fixture_init(&fx, cfg, 2, 3, 1);
+    memcpy(fx.in, H_in, sizeof H_in);
+    /* LN1 -> beta1 = 0.5; Q = 0.5*2 = 1, K = 0.5*3 = 1.5, V = 0.5*4 = 2; A_out = 2*0.25 = 0.5;
+     * LN2 -> beta2 = -1; F_pre = -1*2 + 3 = 1; F_post = 1; F_out = 1*0.5 + 0.25 = 0.75 */
+    *(double *)fx.w.ln1_gamma = 7.0;
+    *(double *)fx.w.ln1_beta = 0.5;
+    *(double *)fx.w.w_q = 2.0;
+    *(double *)fx.w.w_k = 3.0;
+    *(double *)fx.w.w_v = 4.0;
+    *(double *)fx.w.w_o = 0.25;
+    *(double *)fx.w.ln2_gamma = 7.0;
+    *(double *)fx.w.ln2_beta = -1.0;
+    *(double *)fx.w.w_ff1 = 2.0;
+    *(double *)fx.w.b_ff1 = 3.0;
+    *(double *)fx.w.w_ff2 = 0.5;
+    *(double *)fx.w.b_ff2 = 0.25;
+
+    /* Pre-LN: H_mid = H_in + 0.5, H_out = H_mid + 0.75 */
+    fill(fx.scratch.data, fx.scratch.len, NAN);   /* a scratch value read before written would show */
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    for (int i = 0; i < 6; i++) {
+        CHECK(fx.trace.H_norm1[i] == 0.5);
+        CHECK(fx.trace.Q[i] == 1.0 && fx.trace.K[i] == 1.5 && fx.trace.V[i] == 2.0);
+        CHECK_CLOSE(fx.trace.out_concat[i], 2.0);
+        CHECK_CLOSE(fx.trace.A_out[i], 0.5);
+        CHECK_CLOSE(fx.trace.H_mid[i], H_in[i] + 0.5);
+        CHECK(fx.trace.H_norm2[i] == -1.0);
+        CHECK(fx.trace.F_pre[i] == 1.0 && fx.trace.F_post[i] == 1.0 && fx.trace.F_out[i] == 0.75);
+        CHECK_CLOSE(fx.trace.H_out[i], H_in[i] + 1.25);
+        CHECK(fx.out[i] == fx.trace.H_out[i]);
+    }
+    for (int seq = 0; seq < 2; seq++) {   /* causal, equal scores: uniform over keys i <= t */
+        const double *A = fx.trace.A + seq * 9;
+        CHECK(A[0] == 1.0 && A[1] == 0.0 && A[2] == 0.0);
+        CHECK(A[3] == 0.5 && A[4] == 0.5 && A[5] == 0.0);
+        CHECK_CLOSE(A[6], 1.0 / 3.0);
+        CHECK_CLOSE(A[8], 1.0 / 3.0);
+    }
+
+    /* Post-LN: H_mid = LN1(...) = beta1 = 0.5 and H_out = LN2(...) = beta2 = -1 whatever the sums;
+     * F_pre = 0.5*2 + 3 = 4; Q, K, V read H_in: Q = 2 H_in */
+    fx.cfg.norm = TB_NORM_POST;
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    for (int i = 0; i < 6; i++) {
+        CHECK(fx.trace.H_mid[i] == 0.5 && fx.trace.H_norm1[i] == 0.5);
+        CHECK(fx.trace.H_out[i] == -1.0 && fx.trace.H_norm2[i] == -1.0 && fx.out[i] == -1.0);
+        CHECK(fx.trace.F_pre[i] == 4.0 && fx.trace.F_out[i] == 4.0 * 0.5 + 0.25);
+        CHECK(fx.trace.Q[i] == 2.0 * H_in[i] && fx.trace.V[i] == 4.0 * H_in[i]);
+    }
+    /* token 0 sees only itself: its head output is its own value */
+    CHECK(fx.trace.out_concat[0] == 4.0 * H_in[0] && fx.trace.out_concat[3] == 4.0 * H_in[3]);
+    fixture_free(&fx);
+}
+
+/* A batch is its sequences one by one; the trace does not change the output; a longer
+ * output buffer is written only within its shape. */
+static void test_block_consistency(int norm, int activation, int causal, int bias, int affine)
+{
+    tb_config cfg = small_config(6, 3, 10, causal);
+    fixture fx;
+    double *one_out, *padded;
+    size_t per_seq;
+    cfg.norm = norm;
+    cfg.activation = activation;
+    cfg.has_ffn_bias = bias;
+    cfg.has_ln_affine = affine;
+    fixture_init(&fx, cfg, 3, 5, 42);
+    per_seq = fx.n_seq / 3;
+
+    fill(fx.scratch.data, fx.scratch.len, NAN);
+    CHECK_STATUS(fixture_run(&fx, 0), TB_OK);
+    CHECK(all_finite(fx.out, fx.n_seq));
+
+    one_out = alloc_doubles(per_seq);
+    for (int seq = 0; seq < 3; seq++) {
+        CHECK_STATUS(tb_block_forward(one_out, per_seq, fx.in + (size_t)seq * per_seq, per_seq, 1, 5,
+                                      &fx.cfg, &fx.w, &fx.scratch, NULL), TB_OK);
+        CHECK(memcmp(one_out, fx.out + (size_t)seq * per_seq, per_seq * sizeof(double)) == 0);
+    }
+    free(one_out);
+
+    padded = alloc_doubles(fx.n_seq + 4);
+    fill(padded, fx.n_seq + 4, SENTINEL);
+    CHECK_STATUS(tb_block_forward(padded, fx.n_seq + 4, fx.in, fx.n_seq, 3, 5, &fx.cfg, &fx.w,
+                                  &fx.scratch, &fx.trace), TB_OK);
+    CHECK(memcmp(padded, fx.out, fx.n_seq * sizeof(double)) == 0);
+    CHECK(all_equal(padded + fx.n_seq, 4, SENTINEL));
+    CHECK(memcmp(fx.trace.H_out, fx.out, fx.n_seq * sizeof(double)) == 0);
+    free(padded);
+
+    /* the trace agrees with itself: rows of A sum to 1, masked entries are 0, the residual adds up */
+    for (size_t r = 0; r < 3 * 3 * 5; r++) {
+        double sum = 0.0;
+        for (size_t i = 0; i < 5; i++) {
+            sum += fx.trace.A[r * 5 + i];
+            if (causal && i > r % 5)
+                CHECK(fx.trace.A[r * 5 + i] == 0.0);
+        }
+        check_close_at(sum, 1.0, 1e-14, "row of A sums to 1", __LINE__);
+    }
+    if (norm == TB_NORM_PRE) {
+        for (size_t i = 0; i < fx.n_seq; i++) {
+            CHECK(fx.trace.H_mid[i] == fx.in[i] + fx.trace.A_out[i]);
+            CHECK(fx.trace.H_out[i] == fx.trace.H_mid[i] + fx.trace.F_out[i]);
+        }
+    } else {
+        CHECK(memcmp(fx.trace.H_norm1, fx.trace.H_mid, fx.n_seq * sizeof(double)) == 0);
+        CHECK(memcmp(fx.trace.H_norm2, fx.trace.H_out, fx.n_seq * sizeof(double)) == 0);
+    }
+    fixture_free(&fx);
+}
+
+/* Every bad argument of tb_block_forward: its status, and not one output, trace or scratch value written. */
+static void test_block_bad_arguments(void)
+{
+    fixture fx;
+    tb_config good = small_config(4, 2, 6, 1);
+    good.has_ffn_bias = 1;
+    good.has_ln_affine = 1;
+    fixture_init(&fx, good, 2, 3, 7);
+
+#define BF_BAD(call, want)                     \
+    do {                                       \
+        fixture_mark(&fx);                     \
+        CHECK_STATUS(call, want);              \
+        CHECK(fixture_untouched(&fx));         \
+    } while (0)
+#define RUN(out, out_len, in, in_len, B, T, cfg, w, scratch, trace) \
+    tb_block_forward(out, out_len, in, in_len, B, T, cfg, w, scratch, trace)
+
+    /* the good call works, so each failure below is the one argument's fault */
+    fixture_mark(&fx);
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+
+    /* pointers */
+    BF_BAD(RUN(NULL, fx.n_seq, fx.in, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_NULL_ARG);
+    BF_BAD(RUN(fx.out, fx.n_seq, NULL, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_NULL_ARG);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, 3, NULL, &fx.w, &fx.scratch, &fx.trace), TB_ERR_NULL_ARG);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, 3, &fx.cfg, NULL, &fx.scratch, &fx.trace), TB_ERR_NULL_ARG);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, 3, &fx.cfg, &fx.w, NULL, &fx.trace), TB_ERR_NULL_ARG);
+    {
+        tb_scratch no_data = {NULL, 0};
+        no_data.len = fx.scratch.len;
+        BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &no_data, &fx.trace), TB_ERR_NULL_ARG);
+    }
+    for (int i = 0; i < N_WEIGHTS; i++) {      /* every weight missing, then one double short */
+        const double *saved = *fx.weight[i];
+        *fx.weight[i] = NULL;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_NULL_WEIGHT);
+        *fx.weight[i] = saved;
+        *fx.weight_len[i] -= 1;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_WEIGHT_SIZE);
+        *fx.weight_len[i] += 1;
+    }
+    for (int i = 0; i < N_TRACE; i++) {        /* every trace array missing, then one double short */
+        double *saved = *fx.trace_buf[i];
+        *fx.trace_buf[i] = NULL;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_NULL_TRACE);
+        *fx.trace_buf[i] = saved;
+        *fx.trace_len[i] -= 1;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_TRACE_SIZE);
+        *fx.trace_len[i] += 1;
+    }
+    /* optional weights given although the flags say absent */
+    fx.cfg.has_ffn_bias = 0;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_UNEXPECTED_WEIGHT);
+    fx.cfg.has_ffn_bias = 1;
+    fx.cfg.has_ln_affine = 0;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_UNEXPECTED_WEIGHT);
+    fx.cfg.has_ln_affine = 1;
+
+    /* dimensions */
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 0, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_DIM);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, -2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_DIM);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, 0, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_DIM);
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, -3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_DIM);
+    {
+        const int64_t saved_d = fx.cfg.d_model, saved_h = fx.cfg.n_heads, saved_f = fx.cfg.d_ff;
+        fx.cfg.d_model = 0;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_DIM);
+        fx.cfg.d_model = -4;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_DIM);
+        fx.cfg.d_model = saved_d;
+        fx.cfg.n_heads = 0;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_DIM);
+        fx.cfg.n_heads = 3;                    /* 4 % 3 != 0 */
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_HEADS);
+        fx.cfg.n_heads = saved_h;
+        fx.cfg.d_ff = 0;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_DIM);
+        fx.cfg.d_ff = saved_f;
+        /* sizes that overflow size_t: T * d_model, n_heads * T * T, B * T * d_model, d_model^2 */
+        BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, INT64_MAX / 2, &fx.cfg, &fx.w, &fx.scratch, &fx.trace),
+               TB_ERR_OVERFLOW);
+        BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 2, (int64_t)1 << 31, &fx.cfg, &fx.w, &fx.scratch, &fx.trace),
+               TB_ERR_OVERFLOW);
+        BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, INT64_MAX, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace),
+               TB_ERR_OVERFLOW);
+        fx.cfg.d_model = fx.cfg.n_heads = (int64_t)1 << 32;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_OVERFLOW);
+        fx.cfg.d_model = saved_d;
+        fx.cfg.n_heads = saved_h;
+        fx.cfg.d_ff = INT64_MAX;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_OVERFLOW);
+        fx.cfg.d_ff = saved_f;
+    }
+
+    /* enums, flags, eps */
+    fx.cfg.norm = 2;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_NORM);
+    fx.cfg.norm = -1;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_NORM);
+    fx.cfg.norm = TB_NORM_PRE;
+    fx.cfg.activation = 3;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_ACTIVATION);
+    fx.cfg.activation = TB_ACT_GELU_TANH;
+    fx.cfg.causal = 2;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_FLAG);
+    fx.cfg.causal = 1;
+    fx.cfg.has_ffn_bias = -1;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_FLAG);
+    fx.cfg.has_ffn_bias = 1;
+    fx.cfg.has_ln_affine = 2;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_FLAG);
+    fx.cfg.has_ln_affine = 1;
+    {
+        const double bad_eps[4] = {0.0, -1e-5, NAN, INFINITY};
+        for (int i = 0; i < 4; i++) {
+            fx.cfg.eps = bad_eps[i];
+            BF_BAD(fixture_run(&fx, 1), TB_ERR_EPS);
+        }
+        fx.cfg.eps = 1e-5;
+    }
+
+    /* lengths */
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq - 1, 2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace),
+           TB_ERR_INPUT_SIZE);
+    BF_BAD(RUN(fx.out, fx.n_seq - 1, fx.in, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace),
+           TB_ERR_OUTPUT_SIZE);
+    fx.scratch.len -= 1;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_SCRATCH_SIZE);
+    BF_BAD(fixture_run(&fx, 0), TB_ERR_SCRATCH_SIZE);
+    fx.scratch.len += 1;
+
+    /* overlaps: output on input, output in scratch, trace on output, trace on trace, scratch on a weight */
+    BF_BAD(RUN(fx.out, fx.n_seq, fx.out, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_OVERLAP);
+    {
+        const double *saved_wq = fx.w.w_q;
+        double *saved_q = fx.trace.Q;
+        BF_BAD(RUN(fx.scratch.data, fx.n_seq, fx.in, fx.n_seq, 2, 3, &fx.cfg, &fx.w, &fx.scratch, NULL),
+               TB_ERR_OVERLAP);
+        fx.trace.Q = fx.out;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_OVERLAP);
+        fx.trace.Q = fx.trace.K;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_OVERLAP);
+        fx.trace.Q = saved_q;
+        fx.w.w_q = fx.scratch.data + 1;
+        BF_BAD(fixture_run(&fx, 1), TB_ERR_OVERLAP);
+        fx.w.w_q = saved_wq;
+    }
+
+    /* and all is well again */
+    fixture_mark(&fx);
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    CHECK(all_finite(fx.out, fx.n_seq));
+#undef RUN
+#undef BF_BAD
+    fixture_free(&fx);
+}
+
+static void test_scratch_len(void)
+{
+    tb_config cfg = small_config(6, 3, 10, 1);
+    size_t n = 12345;
+    /* 11 (T, d) arrays + S (T, T) + A (h, T, T) + F_pre, F_post (T, f) */
+    CHECK_STATUS(tb_scratch_len(&cfg, 5, &n), TB_OK);
+    CHECK(n == 11 * 5 * 6 + 5 * 5 + 3 * 5 * 5 + 2 * 5 * 10);
+    n = 12345;
+    CHECK_STATUS(tb_scratch_len(NULL, 5, &n), TB_ERR_NULL_ARG);
+    CHECK_STATUS(tb_scratch_len(&cfg, 5, NULL), TB_ERR_NULL_ARG);
+    CHECK_STATUS(tb_scratch_len(&cfg, 0, &n), TB_ERR_DIM);
+    CHECK_STATUS(tb_scratch_len(&cfg, (int64_t)1 << 40, &n), TB_ERR_OVERFLOW);
+    cfg.eps = -1.0;
+    CHECK_STATUS(tb_scratch_len(&cfg, 5, &n), TB_ERR_EPS);
+    CHECK(n == 12345);
+}
+
+int main(void)
+{
+    test_status_strings();
+    test_layernorm();
+    test_softmax();
+    test_attention_head();
+    test_ffn();
+    test_scratch_len();
+    test_block_by_hand();
+    for (int norm = 0; norm < 2; norm++)
+        for (int act = 0; act < 3; act++)
+            for (int flags = 0; flags < 8; flags++)
+                test_block_consistency(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1);
+    test_block_bad_arguments();
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
