@@ -20,3 +20,15 @@ __all__ = [
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
     "init_weights", "load_worked_example", "param_breakdown", "param_count",
 ]
+
+# The lesson's lenses, its sidebars, the demo's model and the walk-through: loaded on first
+# use (tblock.analysis, ...), so that `import tblock` stays as light as the block itself.
+_LAZY_SUBMODULES = ("analysis", "demo", "dropout", "encdec", "lesson")
+__all__ += list(_LAZY_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

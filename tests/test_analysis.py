@@ -278,3 +278,11 @@ def test_exercise5_ln_affines():
     assert analysis.ln_affine_negligible_from(0.1) == next(d for d in range(1, 100) if 1 / (3 * d) < 0.1)
     with pytest.raises(ValueError, match="d_model"):
         analysis.ln_affine_fraction(0)
+
+
+def test_submodules_load_lazily_from_the_package():
+    import subprocess
+    import sys
+    code = ("import sys, tblock; assert 'tblock.dropout' not in sys.modules; "
+            "import tblock.analysis as a; assert tblock.dropout.forward_dropout and tblock.analysis is a")
+    subprocess.run([sys.executable, "-c", code], check=True)
