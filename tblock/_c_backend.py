@@ -1,0 +1,246 @@
+"""Backend "c": the plain C99 reference in c_ref/, called through cffi (``tblock._cref``).
+
+``forward_batch`` is the backend entry point (see tblock/api.py). The ``*_raw`` functions
+pass their arguments to the C entry points as they are, bad ones included, so tests can
+reach the C argument checks; a C error status comes back as :class:`CRefError` (a
+ValueError) naming the code and its message.
+
+Raw calls take C-contiguous float64 arrays, or None for a NULL pointer; each array goes to
+C with its true length (``a.size``) unless ``lens`` names a shorter one. ``cfg`` there is a
+dict of tb_config fields (see :func:`config_fields`), or None for a NULL pointer, so
+values a BlockConfig would refuse (norm=7, eps=0, ...) can be sent too.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from .api import TRACE_NAMES, BackendUnavailable
+
+EXTENSION = "tblock._cref"
+WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
+                "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta")
+CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "eps",
+                 "has_ffn_bias", "has_ln_affine")
+_NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
+_ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
+
+
+class CRefError(ValueError):
+    """A C entry point returned an error status: ``code``, its enum ``name`` and message."""
+
+    def __init__(self, function: str, code: int, name: str, message: str):
+        super().__init__(f"C reference {function}() failed with {name} ({code}): {message}")
+        self.function, self.code, self.name = function, code, name
+
+
+def _extension():
+    try:
+        return importlib.import_module(EXTENSION)
+    except ImportError as e:
+        raise BackendUnavailable(
+            f"backend 'c' needs the C reference {EXTENSION}, which was not built in this "
+            f"installation ({type(e).__name__}: {e}). Build it by reinstalling with a C compiler "
+            "available: `pip install -e .` in the tblock checkout (or `pip install .`)."
+        ) from None
+
+
+def ensure_available() -> None:
+    """Raise BackendUnavailable (with instructions) unless the C reference can be imported."""
+    _extension()
+
+
+def _check(function: str, code: int) -> None:
+    if code != 0:
+        ext = _extension()
+        ffi, lib = ext.ffi, ext.lib
+        raise CRefError(function, int(code), ffi.string(lib.tb_status_name(code)).decode(),
+                        ffi.string(lib.tb_status_message(code)).decode())
+
+
+def config_fields(cfg) -> dict:
+    """The tb_config fields of a tblock.BlockConfig, as a dict."""
+    lib = _extension().lib
+    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
+                norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
+                eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine))
+
+
+class _Call:
+    """Turns numpy arrays into (pointer, length) pairs for one C call and keeps them alive."""
+
+    def __init__(self, lens):
+        ext = _extension()
+        self.ffi, self.lib = ext.ffi, ext.lib
+        self.lens = dict(lens or {})
+        self.keep = []
+
+    def buf(self, name, a, writable=False):
+        if a is None:
+            ptr, n = self.ffi.NULL, 0
+        else:
+            if not (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous):
+                raise TypeError(f"{name}: raw C calls take C-contiguous float64 arrays or None")
+            if writable and not a.flags.writeable:
+                raise ValueError(f"{name}: an output array must be writeable")
+            ptr, n = self.ffi.from_buffer("double[]", a, require_writable=writable), a.size
+            self.keep.append(ptr)
+        if name in self.lens:
+            claimed = self.lens.pop(name)
+            if not 0 <= claimed <= n:   # a longer claim would let C run past the array
+                raise ValueError(f"lens[{name!r}]={claimed} must be between 0 and the array's size {n}")
+            n = claimed
+        return ptr, n
+
+    def config(self, cfg):
+        if cfg is None:
+            return self.ffi.NULL
+        unknown = set(cfg) - set(CONFIG_FIELDS)
+        if unknown:
+            raise KeyError(f"unknown tb_config fields {sorted(unknown)}")
+        c = self.ffi.new("tb_config *", cfg)
+        self.keep.append(c)
+        return c
+
+    def weights(self, weights):
+        """A tb_weights from a dict name -> array (missing names and None are NULL); None: NULL."""
+        if weights is None:
+            return self.ffi.NULL
+        unknown = set(weights) - set(WEIGHT_NAMES)
+        if unknown:
+            raise KeyError(f"unknown weight names {sorted(unknown)}")
+        w = self.ffi.new("tb_weights *")
+        for name in WEIGHT_NAMES:
+            ptr, n = self.buf(name, weights.get(name))
+            setattr(w, name, ptr)
+            setattr(w, name + "_len", n)
+        self.keep.append(w)
+        return w
+
+    def finish(self):
+        if self.lens:
+            raise KeyError(f"lens names no argument of this call: {sorted(self.lens)}")
+
+
+def scratch_len(cfg: dict | None, T: int) -> int:
+    """Doubles of scratch tb_block_forward needs for ``cfg`` (tb_config fields) and T tokens."""
+    call = _Call(None)
+    n = call.ffi.new("size_t *")
+    _check("tb_scratch_len", call.lib.tb_scratch_len(call.config(cfg), T, n))
+    return int(n[0])
+
+
+def call_block_forward_raw(out, H, B: int, T: int, cfg: dict | None, weights: dict | None, scratch,
+                           trace: dict | None = None, lens: dict | None = None,
+                           scratch_struct: bool = True) -> None:
+    """tb_block_forward(out, H, B, T, cfg, weights, scratch, trace) as given.
+
+    ``weights``: dict of weight name -> array; ``trace``: dict of trace name -> array (a
+    missing name is NULL), or None for no trace; ``scratch_struct=False`` passes a NULL
+    tb_scratch pointer. ``lens`` may shorten the length sent with any array: keys "out",
+    "H", "scratch", a weight name or a trace name."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    in_p, in_n = call.buf("H", H)
+    c = call.config(cfg)
+    w = call.weights(weights)
+    sp, sn = call.buf("scratch", scratch, writable=True)
+    s = call.ffi.new("tb_scratch *", {"data": sp, "len": sn}) if scratch_struct else call.ffi.NULL
+    t = call.ffi.NULL
+    if trace is not None:
+        unknown = set(trace) - set(TRACE_NAMES)
+        if unknown:
+            raise KeyError(f"unknown trace names {sorted(unknown)}")
+        t = call.ffi.new("tb_trace *")
+        for name in TRACE_NAMES:
+            ptr, n = call.buf(name, trace.get(name), writable=True)
+            setattr(t, name, ptr)
+            setattr(t, name + "_len", n)
+    call.finish()
+    _check("tb_block_forward", call.lib.tb_block_forward(out_p, out_n, in_p, in_n, B, T, c, w, s, t))
+
+
+def layernorm_rows_raw(out, X, rows: int, cols: int, gamma=None, beta=None, eps: float = 1e-5,
+                       lens: dict | None = None) -> None:
+    """tb_layernorm_rows; lens keys: out, X, affine (the length sent with gamma and beta)."""
+    lens = dict(lens or {})
+    affine_len = lens.pop("affine", None)
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    x_p, x_n = call.buf("X", X)
+    g_p, g_n = call.buf("gamma", gamma)
+    b_p, _ = call.buf("beta", beta)
+    call.finish()
+    _check("tb_layernorm_rows", call.lib.tb_layernorm_rows(
+        out_p, out_n, x_p, x_n, rows, cols, g_p, b_p, g_n if affine_len is None else affine_len, eps))
+
+
+def masked_softmax_rows_raw(out, S, rows: int, cols: int, causal: int, lens: dict | None = None) -> None:
+    """tb_masked_softmax_rows; lens keys: out, S."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    s_p, s_n = call.buf("S", S)
+    call.finish()
+    _check("tb_masked_softmax_rows", call.lib.tb_masked_softmax_rows(out_p, out_n, s_p, s_n, rows, cols, causal))
+
+
+def attention_head_raw(out_concat, A_h, S, Q, K, V, T: int, head: int, cfg: dict | None,
+                       lens: dict | None = None) -> None:
+    """tb_attention_head; lens keys: out_concat, A_h, S, Q, K, V."""
+    call = _Call(lens)
+    args = [call.buf("out_concat", out_concat, writable=True), call.buf("A_h", A_h, writable=True),
+            call.buf("S", S, writable=True), call.buf("Q", Q), call.buf("K", K), call.buf("V", V)]
+    c = call.config(cfg)
+    call.finish()
+    flat = [x for pair in args for x in pair]
+    _check("tb_attention_head", call.lib.tb_attention_head(*flat, T, head, c))
+
+
+def ffn_raw(F_out, F_pre, F_post, X, T: int, cfg: dict | None, weights: dict | None,
+            lens: dict | None = None) -> None:
+    """tb_ffn; lens keys: F_out, F_pre, F_post, X and the FFN weight names."""
+    call = _Call(lens)
+    args = [call.buf("F_out", F_out, writable=True), call.buf("F_pre", F_pre, writable=True),
+            call.buf("F_post", F_post, writable=True), call.buf("X", X)]
+    c = call.config(cfg)
+    w = call.weights(weights)
+    call.finish()
+    flat = [x for pair in args for x in pair]
+    _check("tb_ffn", call.lib.tb_ffn(*flat, T, c, w))
+
+
+def status_codes() -> dict:
+    """Every status code by its enum name, e.g. {"TB_OK": 0, "TB_ERR_NULL_ARG": 1, ...}."""
+    ext = _extension()
+    return {ext.ffi.string(ext.lib.tb_status_name(code)).decode(): code
+            for code in range(ext.lib.TB_STATUS_COUNT)}
+
+
+def _float64_weights(weights) -> dict:
+    return {name: np.ascontiguousarray(getattr(weights, name), dtype=np.float64)
+            for name in WEIGHT_NAMES if getattr(weights, name) is not None}
+
+
+def trace_shapes(B: int, T: int, cfg) -> dict:
+    """Shape of each trace array for a batch of B sequences of T tokens."""
+    d, f = cfg.d_model, cfg.d_ff
+    shapes = {name: (B, T, d) for name in TRACE_NAMES}
+    shapes.update(A=(B, cfg.n_heads, T, T), F_pre=(B, T, f), F_post=(B, T, f))
+    return shapes
+
+
+def forward_batch(H: np.ndarray, weights, cfg, trace: bool):
+    """Backend entry point: H (B, T, d_model) float32/float64; returns float64 H_out and,
+    if asked, the trace dict with a leading batch axis."""
+    B, T, _ = H.shape
+    H64 = np.ascontiguousarray(H, dtype=np.float64)
+    w = weights.prepared(("c_ref", "float64"), _float64_weights)
+    fields = config_fields(cfg)
+    # NaN-filled, so a value C never wrote could not pass for a result
+    scratch = np.full(scratch_len(fields, T), np.nan)
+    out = np.full(H.shape, np.nan)
+    tr = {name: np.full(shape, np.nan) for name, shape in trace_shapes(B, T, cfg).items()} if trace else None
+    call_block_forward_raw(out, H64, B, T, fields, w, scratch, tr)
+    return out, tr
