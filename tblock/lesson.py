@@ -59,13 +59,16 @@ def walkthrough(backend=None, out=print):
     out(f"  T=4, d_model={cfg.d_model}, {cfg.n_heads} heads of d_k={cfg.d_k}, d_ff={cfg.d_ff}, "
         f"Pre-LN, causal, GELU ({cfg.activation}), weights drawn by the lesson with seed(13)")
     out("")
-    out("Shapes (the lesson: every tensor on the residual stream is (T, d_model) = (4, 8))")
-    shapes = [("H_in", H_in), ("W_Q, W_K, W_V, W_O (each)", w.w_q), ("W_ff1 (d_model -> d_ff)", w.w_ff1),
-              ("W_ff2 (d_ff -> d_model)", w.w_ff2), ("LN1(H_in)", tr.H_norm1), ("MHA output A_out", tr.A_out),
-              ("H_mid", tr.H_mid), ("LN2(H_mid)", tr.H_norm2), ("FFN hidden F_pre", tr.F_pre),
-              ("FFN output F_out", tr.F_out), ("block output H_out", tr.H_out)]
-    for name, a in shapes:
-        out(f"  {name:<30} {a.shape}")
+    out("Shapes (every tensor on the residual stream is (T, d_model) = (4, 8))")
+    # (name, the shape the lesson prints, our array)
+    shapes = [("H_in", (4, 8), H_in), ("W_Q, W_K, W_V, W_O (each)", (8, 8), w.w_q),
+              ("W_ff1 (d_model -> d_ff)", (8, 32), w.w_ff1), ("W_ff2 (d_ff -> d_model)", (32, 8), w.w_ff2),
+              ("LN1(H_in)", (4, 8), tr.H_norm1), ("MHA output A_out", (4, 8), tr.A_out),
+              ("H_mid", (4, 8), tr.H_mid), ("LN2(H_mid)", (4, 8), tr.H_norm2),
+              ("FFN hidden F_pre", (4, 32), tr.F_pre), ("FFN output F_out", (4, 8), tr.F_out),
+              ("block output H_out", (4, 8), tr.H_out)]
+    for name, lesson_shape, a in shapes:
+        out(f"  {name:<30} lesson {str(lesson_shape):<10} ours {a.shape}")
     out("")
     out("Magnitudes")
     _row(out, "|H_in|", P["norm_H_in"], n(H_in))

@@ -40,6 +40,9 @@ def test_walkthrough_numbers_match_on_every_backend():
         diffs = [float(line.rsplit("|diff| ", 1)[1].split()[0]) for line in rows]
         assert len(diffs) >= 18
         assert max(diffs) < 6e-7, backend                  # the lesson prints 6 decimals at worst
+        shape_rows = [line.split("lesson ", 1)[1].split(" ours ") for line in lines if "lesson (" in line]
+        assert len(shape_rows) == 11
+        assert all(lesson_shape.strip() == ours.strip() for lesson_shape, ours in shape_rows)
 
 
 def test_bad_backend_is_a_clear_error(tmp_path):
