@@ -61,7 +61,13 @@ def test_mulberry32_matches_javascript():
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed; the stored reference is used")
 def test_stored_reference_is_what_the_javascript_prints():
     out = subprocess.run(["node", str(DATA / "demo_reference.mjs")], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == REF
+    fresh = json.loads(out.stdout)
+    assert fresh.keys() == REF.keys()
+    assert fresh["mulberry32_seed1"] == REF["mulberry32_seed1"]                  # integer arithmetic: exact
+    for key in ("heads2_postrue", "heads1_posfalse"):
+        assert fresh[key]["kinds"] == REF[key]["kinds"]
+        for field in ("stream", "probabilities"):                                # exp/sin/cos: to rounding
+            np.testing.assert_allclose(fresh[key][field], REF[key][field], rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.parametrize("heads, positional", [(2, True), (1, False)])
