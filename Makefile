@@ -25,3 +25,10 @@ test: install-test
 
 clean:
 	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache
+
+# the pytest-benchmark suite (minutes; not part of `make test`): every component of every
+# backend over the T sweep, saved as JSON under .benchmarks/ (compare two runs with
+# `pytest-benchmark compare`); BENCH_ARGS adds options, e.g. BENCH_ARGS=--full
+.PHONY: bench
+bench: install-test
+	$(BIN)/python -m pytest bench --benchmark-autosave --benchmark-storage=file://.benchmarks $(BENCH_ARGS)
