@@ -162,6 +162,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--point-budget", type=float, default=None,
                    help="seconds one backend may spend on one T; larger T are skipped once exceeded "
                         "(default 6 quick, 120 full)")
+    p.add_argument("--target-time", type=float, default=None,
+                   help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 1 full)")
+    p.add_argument("--ceiling-sizes", default=None,
+                   help="comma-separated n of the n x n GEMMs that measure the ceiling (default 512,1024,2048)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print two saved report.json side by side with ratios, then exit")
@@ -244,14 +248,25 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
     _positive("--repeats", args.repeats)
     if args.point_budget is not None and not args.point_budget > 0:
         raise ReportError(f"--point-budget must be > 0 seconds, got {args.point_budget}")
+    if args.target_time is not None and not args.target_time >= 0:
+        raise ReportError(f"--target-time must be >= 0 seconds, got {args.target_time}")
+    ceiling_sizes = (512, 1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072)
+    if args.ceiling_sizes is not None:
+        try:
+            ceiling_sizes = tuple(int(x) for x in args.ceiling_sizes.split(",") if x.strip())
+        except ValueError:
+            raise ReportError(f"--ceiling-sizes must be comma-separated integers, got {args.ceiling_sizes!r}") from None
+        if not ceiling_sizes or min(ceiling_sizes) < 1:
+            raise ReportError(f"--ceiling-sizes must hold at least one n >= 1, got {args.ceiling_sizes!r}")
     out = check_out_folder(args.out)
     _, _, repeats, min_repeat_s, target_s, budget = MODES[args.mode]
     return ReportOptions(
         d_model=d_model, n_heads=n_heads, T_list=T_list, backends=backends, unavailable=unavailable,
         dtype=args.dtype, causal=args.causal, out=str(out), mode=args.mode, threads=threads,
         repeats=repeats if args.repeats is None else args.repeats, min_repeat_s=min_repeat_s,
-        target_s=target_s, point_budget_s=budget if args.point_budget is None else args.point_budget,
-        ceiling_sizes=(512, 1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072),
+        target_s=target_s if args.target_time is None else args.target_time,
+        point_budget_s=budget if args.point_budget is None else args.point_budget,
+        ceiling_sizes=ceiling_sizes,
         plots=args.plots)
 
 
@@ -302,6 +317,10 @@ def pinned_threads(n: int, with_torch: bool):
         counts["torch"] = torch.get_num_threads()
         undo.append(lambda: torch.set_num_threads(old_t))
     try:
+        import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS, which numba's np.dot calls)
+    except ImportError:
+        pass
+    try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
         counts["blas"] = "not pinned: threadpoolctl is not installed"
@@ -311,8 +330,10 @@ def pinned_threads(n: int, with_torch: bool):
     try:
         with limiter:
             if "blas" not in counts:
-                counts["blas"] = {f"{i['internal_api']} {i.get('version') or ''}".strip(): i["num_threads"]
-                                  for i in threadpool_info()}
+                # one entry per loaded library: numpy and scipy each bundle an OpenBLAS, and
+                # torch and numba's OpenMP layer may each bring a libgomp
+                counts["blas"] = {f"{i['prefix']} {i.get('version') or os.path.basename(i['filepath'])}":
+                                  i["num_threads"] for i in threadpool_info()}
             yield counts
     finally:
         for f in reversed(undo):
@@ -1116,8 +1137,8 @@ def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
         xa = a["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
         xb = b["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
         L.append(f"{be:<28}{_T(xa.get('T')):>12}{_T(xb.get('T')):>12}")
-    L += ["", "median time per call; B/A below 1: B is faster",
-          f"{'backend':<8}{'component':<12}{'T':>7}{'A':>12}{'B':>12}{'B/A':>8}"]
+    L += ["", "median time per call in ms; B/A below 1: B is faster",
+          f"{'backend':<8}{'component':<16}{'T':>7}{'A ms':>12}{'B ms':>12}{'B/A':>8}"]
     only = []
     per = {}
     for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
@@ -1128,14 +1149,14 @@ def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
                 ra, rb = ta[key], tb[key]
                 r = rb["median_s"] / ra["median_s"]
                 per.setdefault((be, key[0]), []).append(r)
-                L.append(f"{be:<8}{LABELS.get(key[0], key[0]):<12}{key[1]:>7}{_ms(ra['median_s']):>12}"
-                         f"{_ms(rb['median_s']):>12}{r:>8.2f}")
+                L.append(f"{be:<8}{key[0]:<16}{key[1]:>7}{ra['median_s'] * 1e3:>12.4g}"
+                         f"{rb['median_s'] * 1e3:>12.4g}{r:>8.2f}")
             else:
                 only.append(f"{be} {key[0]} T={key[1]} only in {'A' if key in ta else 'B'}")
     if per:
         L += ["", "geometric mean of B/A"]
         for (be, c), rs in per.items():
-            L.append(f"   {be:<8}{LABELS.get(c, c):<12}{math.exp(sum(map(math.log, rs)) / len(rs)):>8.2f}  ({len(rs)} T)")
+            L.append(f"   {be:<8}{c:<16}{math.exp(sum(map(math.log, rs)) / len(rs)):>8.2f}  ({len(rs)} T)")
     if only:
         L += ["", f"not in both ({len(only)}): " + "; ".join(only[:20]) + (" ..." if len(only) > 20 else "")]
     return "\n".join(L)
