@@ -819,7 +819,8 @@ def render_markdown(data: dict) -> str:
                   + ".", ""]
 
     L += ["## Lesson 13 worked example through every tblock backend", "",
-          "T=4, d_model=8, 2 heads, d_ff=32, seed 13; the lesson's printed numbers next to ours.", ""]
+          "T=4, d_model=8, 2 heads, d_ff=32, seed 13; the lesson's printed numbers next to ours "
+          "(torch is a comparison here, not a tblock backend, so it has no trace to show).", ""]
     we = data["worked_example"]
     if we:
         names = list(we)

@@ -309,3 +309,15 @@ def test_an_old_report_is_replaced_whole(tiny_report, tmp_path):
     report.write_report_folder(data, out)
     assert "stale.png" not in {p.name for p in out.iterdir()}
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]
+
+
+def test_without_matplotlib_the_report_says_so_and_skips_the_plots(tiny_report, tmp_path, monkeypatch):
+    import sys
+    data = json.loads((tiny_report / "report.json").read_text())
+    # a None entry in sys.modules makes the import raise ImportError, as if not installed
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    out = tmp_path / "rep"
+    report.write_report_folder(data, out)
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
+    assert "matplotlib is not installed" in (out / "report.md").read_text()
+    assert json.loads((out / "report.json").read_text())["plots"]["files"] == []
