@@ -1,0 +1,192 @@
+"""The whole block in one call: fused stages over flat buffers.
+
+One compiled function runs a forward pass of the block over B sequences, so a call
+from Python crosses into Numba once.  Its five stages are loops over independent
+tasks; each task calls the serial kernels of this package:
+
+  1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v] into ``qkv``
+  2. K^T:   per (sequence, head), pack the keys for the score micro-kernel
+  3. attn:  per (sequence, head, query tile), flash attention; the head's output is
+            written over that head's Q columns of the same rows (each Q tile is read
+            by exactly one task, before it writes there), so out_concat needs no buffer
+  4. W_O:   out = H + out_concat @ W_O (the residual is the GEMM's initial C)
+  5. FFN:   per row tile: [LN], up-projection, bias + activation on the tile, then the
+            down-projection accumulated onto the residual already in ``out`` [LN]:
+            the (rows, d_ff) hidden tile is the only place the hidden layer exists.
+
+``block_parallel`` runs every stage's tasks with ``prange``; ``block_serial`` is the
+same code compiled without it, for sizes where launching a parallel region costs more
+than the work (the lesson's toy block is ~2 us of arithmetic).  Callers of
+``block_parallel`` should set numba's parallel chunk size to 1 (it is thread-local):
+tasks are coarse and causal attention tasks differ in cost, so dynamic scheduling
+one task at a time balances the cores (the costly query tiles are issued first).
+
+Threading: Numba's threads do all the work in parallel regions, one region at a time,
+and every kernel inside a task is serial; no BLAS is called, so nothing else competes
+for the cores.  Each output element is produced by exactly one task in a fixed
+order, so results do not depend on the thread count or the schedule.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+from numba import njit, prange
+
+from .activations import bias_act_rows
+from .attention import flash_rows, pack_kt
+from .gemm import NV, gemm_block, micro_kernel  # noqa: F401  (micro_kernel: warm-up)
+from .layernorm import layernorm_rows
+from .options import FASTMATH
+from .simd import lanes
+
+# tile sizes (rows are tokens of all sequences together, except in attention)
+MC = 96       # rows per QKV / W_O task
+KC = 128      # k block of the GEMMs: a 128 x 64 float32 panel slice is 32 KiB, in L1
+BQ = 96       # queries per attention task (a multiple of the micro-kernel's 6 rows)
+BK = 128      # keys per attention tile (a multiple of NR for both dtypes)
+MF = 48       # rows per FFN task: a 48 x 3072 float32 hidden tile is 576 KiB, in L2
+
+
+@njit(cache=True, nogil=True)
+def weight_layout(d, dff, NR):
+    """Offsets in the flat weight buffer: packed W_qkv, W_o, W_1, W_2, then b1, b2,
+    gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
+    def up(x):
+        return (x + 15) // 16 * 16
+
+    def packed(K, N):
+        return up(((N + NR - 1) // NR) * K * NR)
+    o_qkv = 0
+    o_o = o_qkv + packed(d, 3 * d)
+    o_1 = o_o + packed(d, d)
+    o_2 = o_1 + packed(d, dff)
+    o_b1 = o_2 + packed(dff, d)
+    o_b2 = o_b1 + up(dff)
+    o_g1 = o_b2 + up(d)
+    o_be1 = o_g1 + up(d)
+    o_g2 = o_be1 + up(d)
+    o_be2 = o_g2 + up(d)
+    total = o_be2 + up(d)
+    return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
+
+
+def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps):
+    """The block on H3 (B, T, d) C-contiguous, returned as a new (B, T, d) array;
+    Wf: the flat weights (weight_layout).  act: an activations.*_CODE."""
+    NR = NV * lanes(Wf)
+    H = H3.reshape(H3.size)
+    out3 = np.empty(H3.shape, dtype=H3.dtype)
+    out = out3.reshape(out3.size)
+    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, _ = weight_layout(d, dff, NR)
+    rows = H.size // d
+    nseq = rows // T
+    dk = d // n_heads
+    ld = 3 * d
+    scale = 1.0 / np.sqrt(dk)
+    dt = H.dtype
+    # the attention kernel reads NR-wide slices of V rows, up to NR-1 past the last
+    # row: pad (with zeros, so no stale NaN is ever read)
+    qkv = np.empty(rows * ld + NR, dtype=dt)
+    qkv[rows * ld:] = 0.0
+    # 1. [LN1 +] QKV projection; split columns too when there are few row blocks
+    nrb = (rows + MC - 1) // MC
+    npq = (ld + NR - 1) // NR
+    groups = min(npq, max(1, 8 // nrb))
+    for t in prange(nrb * groups):
+        rb = t // groups
+        g = t % groups
+        r0 = rb * MC
+        r1 = min(rows, r0 + MC)
+        p0 = g * npq // groups
+        p1 = (g + 1) * npq // groups
+        if pre_ln:
+            xn = np.empty((r1 - r0) * d, dtype=dt)
+            layernorm_rows(H, r0 * d, d, xn, 0, d, r1 - r0, d, Wf, o_g1, o_be1, eps)
+            gemm_block(xn, 0, d, 0, r1 - r0, Wf, o_qkv, d, ld, p0, p1, qkv, r0 * ld, ld, False, KC)
+        else:
+            gemm_block(H, 0, d, r0, r1, Wf, o_qkv, d, ld, p0, p1, qkv, 0, ld, False, KC)
+
+    # 2. K^T panels per (sequence, head)
+    ktn = ((T + NR - 1) // NR) * dk * NR
+    kt = np.empty(nseq * n_heads * ktn, dtype=dt)
+    for t in prange(nseq * n_heads):
+        b = t // n_heads
+        h = t % n_heads
+        pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
+
+    # 3. attention per (sequence, head, query tile), the costly causal tiles first
+    nqt = (T + BQ - 1) // BQ
+    ldo = ((dk + NR - 1) // NR) * NR
+    for t in prange(nseq * n_heads * nqt):
+        qt = nqt - 1 - t // (nseq * n_heads)
+        bh = t % (nseq * n_heads)
+        b = bh // n_heads
+        h = bh % n_heads
+        q0 = qt * BQ
+        q1 = min(T, q0 + BQ)
+        S = np.empty(BQ * BK, dtype=dt)
+        O = np.empty(BQ * ldo, dtype=dt)
+        mrow = np.empty(BQ)
+        lrow = np.empty(BQ)
+        flash_rows(qkv, ld, b * T, T, h * dk, 2 * d + h * dk, dk, kt, bh * ktn, q0, q1, causal,
+                   scale, BK, S, O, ldo, mrow, lrow, qkv, (b * T + q0) * ld + h * dk, ld)
+
+    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv)
+    npo = (d + NR - 1) // NR
+    groups = min(npo, max(1, 8 // nrb))
+    for t in prange(nrb * groups):
+        rb = t // groups
+        g = t % groups
+        r0 = rb * MC
+        r1 = min(rows, r0 + MC)
+        p0 = g * npo // groups
+        p1 = (g + 1) * npo // groups
+        c0 = p0 * NR
+        c1 = min(d, p1 * NR)
+        for r in range(r0, r1):
+            for c in range(c0, c1):
+                out[r * d + c] = H[r * d + c]
+        gemm_block(qkv, 0, ld, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
+
+    # 5. FFN per row tile, residual and LayerNorms fused
+    nft = (rows + MF - 1) // MF
+    for t in prange(nft):
+        r0 = t * MF
+        r1 = min(rows, r0 + MF)
+        m = r1 - r0
+        hid = np.empty(m * dff, dtype=dt)
+        if pre_ln:
+            # H_mid is in out; the FFN reads LN2(H_mid)
+            xn = np.empty(m * d, dtype=dt)
+            layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g2, o_be2, eps)
+            gemm_block(xn, 0, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, dff, False, KC)
+        else:
+            # out holds H + A_out: H_mid = LN1(that), in place; the FFN reads H_mid
+            layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g1, o_be1, eps)
+            gemm_block(out, r0 * d, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, dff, False, KC)
+        bias_act_rows(hid, 0, dff, m, dff, Wf, o_b1, act)
+        for r in range(r0, r1):
+            for c in range(d):
+                out[r * d + c] += Wf[o_b2 + c]
+        gemm_block(hid, 0, dff, 0, m, Wf, o_2, dff, d, 0, (d + NR - 1) // NR, out, r0 * d, d, True, KC)
+        if not pre_ln:
+            layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
+
+    return out3
+
+
+def _compiled(name, parallel):
+    # Two compilations of one body.  Numba names its cache files after the function's
+    # qualified name, so each copy gets its own name; otherwise the serial and the
+    # parallel build would overwrite each other's cache entries.
+    fn = types.FunctionType(_block.__code__, _block.__globals__, name, _block.__defaults__,
+                            _block.__closure__)
+    fn.__qualname__ = name
+    fn.__doc__ = _block.__doc__
+    return njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=parallel)(fn)
+
+
+block_parallel = _compiled("block_parallel", True)
+block_serial = _compiled("block_serial", False)

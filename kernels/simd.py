@@ -1,0 +1,345 @@
+"""A tiny SIMD vocabulary for Numba kernels: one 64-byte vector type and a few intrinsics.
+
+Why this exists: the hot loops (GEMM micro-kernels, the flash-attention tiles, the
+softmax exponentials, GELU) need register-blocked code with 512-bit vectors.  Numba's
+auto-vectoriser cannot give that: it never keeps a block of accumulators in registers
+across the k loop (it cannot prove the output does not alias the inputs), and on
+AVX-512 machines LLVM prefers 256-bit vectors for auto-vectorised loops.  Explicit
+``<16 x float>`` / ``<8 x double>`` values are kept in registers by LLVM like any
+scalar and compile to zmm instructions.  On a CPU without AVX-512 LLVM splits them
+into two or four narrower vectors: slower, still correct.
+
+Conventions
+  * A vector always holds 64 bytes: 16 float32 or 8 float64 lanes (``lanes(arr)``).
+  * Memory is addressed as (C-contiguous array, flat element index).  No bounds
+    checks and no negative-index wraparound: the caller guarantees the range is
+    inside the array (that is what the ``_n`` variants with a lane count are for).
+  * Floating-point ops carry no fast-math flags, except ``contract`` implied by
+    the explicit fma; reductions use a fixed tree order, so results are
+    deterministic and NaN/Inf propagate as IEEE says.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic, models, register_model
+
+VECTOR_BYTES = 64
+
+
+class Vec(types.Type):
+    """A SIMD register of ``lanes`` elements of ``dtype`` (a numba float type)."""
+
+    def __init__(self, dtype, lanes):
+        self.dtype = dtype
+        self.lanes = lanes
+        super().__init__(name=f"Vec({dtype}x{lanes})")
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        be_type = ir.VectorType(dmm.lookup(fe_type.dtype).get_value_type(), fe_type.lanes)
+        super().__init__(dmm, fe_type, be_type)
+
+
+def _vec_of(dtype):
+    return Vec(dtype, VECTOR_BYTES // (dtype.bitwidth // 8))
+
+
+def _is_float_array(a):
+    return isinstance(a, types.Array) and a.dtype in (types.float32, types.float64)
+
+
+def _i32(v):
+    return ir.Constant(ir.IntType(32), v)
+
+
+def _vt(context, vty):
+    return context.get_value_type(vty)
+
+
+def _elem_ptr(context, builder, arrty, arrval, idx):
+    ary = context.make_array(arrty)(context, builder, arrval)
+    return builder.gep(ary.data, [idx])
+
+
+def _vec_ptr(context, builder, arrty, arrval, idx, vty):
+    return builder.bitcast(_elem_ptr(context, builder, arrty, arrval, idx), _vt(context, vty).as_pointer())
+
+
+def _splat(builder, scalar, vtype):
+    undef = ir.Constant(vtype, ir.Undefined)
+    v = builder.insert_element(undef, scalar, _i32(0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(ir.IntType(32), vtype.count), [0] * vtype.count))
+
+
+def _lane_mask(builder, n, count):
+    """<count x i1>: lane j is on iff j < n (n is an intp)."""
+    ity = ir.VectorType(ir.IntType(64), count)
+    iota = ir.Constant(ity, list(range(count)))
+    return builder.icmp_signed("<", iota, _splat(builder, n, ity))
+
+
+def _masked(builder, name, fnty, args):
+    fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+    return builder.call(fn, args)
+
+
+def _suffix(vtype):
+    return f"v{vtype.count}f{32 if isinstance(vtype.element, ir.FloatType) else 64}"
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@intrinsic
+def lanes(typingctx, arr):
+    """Number of lanes of the vector type that goes with ``arr``'s dtype (a constant)."""
+    if not _is_float_array(arr):
+        return None
+    n = _vec_of(arr.dtype).lanes
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(types.intp, n)
+    return types.intp(arr), codegen
+
+
+@intrinsic
+def vload(typingctx, arr, i):
+    """The vector arr.flat[i : i + lanes]."""
+    if not _is_float_array(arr) or not isinstance(i, types.Integer):
+        return None
+    vty = _vec_of(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
+        return builder.load(p, align=arr.dtype.bitwidth // 8)
+    return vty(arr, types.intp), codegen
+
+
+@intrinsic
+def vload_n(typingctx, arr, i, n):
+    """arr.flat[i : i + n] in the first n lanes (n may exceed lanes or be <= 0), zeros after;
+    memory beyond the first n elements is never touched."""
+    if not _is_float_array(arr):
+        return None
+    vty = _vec_of(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        vtype = _vt(context, vty)
+        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
+        mask = _lane_mask(builder, args[2], vty.lanes)
+        fnty = ir.FunctionType(vtype, [p.type, ir.IntType(32), mask.type, vtype])
+        return _masked(builder, f"llvm.masked.load.{_suffix(vtype)}.p0", fnty,
+                       [p, _i32(arr.dtype.bitwidth // 8), mask, ir.Constant(vtype, [0.0] * vty.lanes)])
+    return vty(arr, types.intp, types.intp), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, i, v):
+    """arr.flat[i : i + lanes] = v."""
+    if not _is_float_array(arr) or not isinstance(v, Vec) or v.dtype != arr.dtype:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
+        builder.store(args[2], p, align=arr.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, v), codegen
+
+
+@intrinsic
+def vstore_n(typingctx, arr, i, v, n):
+    """arr.flat[i : i + n] = v[:n] for the first min(n, lanes) lanes; nothing else is written."""
+    if not _is_float_array(arr) or not isinstance(v, Vec) or v.dtype != arr.dtype:
+        return None
+
+    def codegen(context, builder, sig, args):
+        vtype = _vt(context, v)
+        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
+        mask = _lane_mask(builder, args[3], v.lanes)
+        fnty = ir.FunctionType(ir.VoidType(), [vtype, p.type, ir.IntType(32), mask.type])
+        _masked(builder, f"llvm.masked.store.{_suffix(vtype)}.p0", fnty,
+                [args[2], p, _i32(arr.dtype.bitwidth // 8), mask])
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, v, types.intp), codegen
+
+
+@intrinsic
+def vbcast(typingctx, arr, i):
+    """All lanes = arr.flat[i] (compiles to a broadcast load, often folded into the fma)."""
+    if not _is_float_array(arr):
+        return None
+    vty = _vec_of(arr.dtype)
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1]))
+        return _splat(builder, x, _vt(context, vty))
+    return vty(arr, types.intp), codegen
+
+
+@intrinsic
+def vsplat(typingctx, like, x):
+    """All lanes = x, converted to the dtype of ``like`` (an array or a vector)."""
+    if _is_float_array(like):
+        vty = _vec_of(like.dtype)
+    elif isinstance(like, Vec):
+        vty = like
+    else:
+        return None
+    if not isinstance(x, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = context.cast(builder, args[1], sig.args[1], vty.dtype)
+        return _splat(builder, s, _vt(context, vty))
+    return vty(like, x), codegen
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def _binary(op):
+    def impl(typingctx, a, b):
+        if not isinstance(a, Vec) or a != b:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return op(builder, *args)
+        return a(a, b), codegen
+    return impl
+
+
+vadd = intrinsic(_binary(lambda b, x, y: b.fadd(x, y)))
+vsub = intrinsic(_binary(lambda b, x, y: b.fsub(x, y)))
+vmul = intrinsic(_binary(lambda b, x, y: b.fmul(x, y)))
+vdiv = intrinsic(_binary(lambda b, x, y: b.fdiv(x, y)))
+# select-based max/min: "x > y ? x : y" (a NaN in y wins, as in a comparison loop)
+vmax = intrinsic(_binary(lambda b, x, y: b.select(b.fcmp_ordered(">", x, y), x, y)))
+vmin = intrinsic(_binary(lambda b, x, y: b.select(b.fcmp_ordered("<", x, y), x, y)))
+
+
+def _fma(builder, a, b, c):
+    fnty = ir.FunctionType(a.type, [a.type] * 3)
+    return _masked(builder, f"llvm.fma.{_suffix(a.type)}", fnty, [a, b, c])
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c with one rounding."""
+    if not isinstance(a, Vec) or not (a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, *args)
+    return a(a, b, c), codegen
+
+
+def _tree(builder, v, combine):
+    """Reduce the lanes pairwise in a fixed order (halves, then quarters, ...)."""
+    n = v.type.count
+    while n > 1:
+        half = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n))))
+        v = combine(builder, lo, hi)
+        n = half
+    return builder.extract_element(v, _i32(0))
+
+
+@intrinsic
+def vhsum(typingctx, v):
+    """Sum of the lanes (fixed pairwise order)."""
+    if not isinstance(v, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _tree(builder, args[0], lambda b, x, y: b.fadd(x, y))
+    return v.dtype(v), codegen
+
+
+@intrinsic
+def vhmax(typingctx, v):
+    """Largest lane."""
+    if not isinstance(v, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _tree(builder, args[0], lambda b, x, y: b.select(b.fcmp_ordered(">", x, y), x, y))
+    return v.dtype(v), codegen
+
+
+@intrinsic
+def vkeep(typingctx, v, n, fill):
+    """Lanes j < n keep v[j], the others become ``fill`` (masking a tile's tail)."""
+    if not isinstance(v, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vtype = args[0].type
+        f = context.cast(builder, args[2], sig.args[2], v.dtype)
+        return builder.select(_lane_mask(builder, args[1], v.lanes), args[0], _splat(builder, f, vtype))
+    return v(v, types.intp, fill), codegen
+
+
+# ----------------------------------------------------------------------------- exp
+
+# Cody-Waite split of ln 2: k * LN2_HI is exact for |k| < 2^11 (float64) / 2^8 (float32)
+_LN2_HI = {64: 6.93147180369123816490e-01, 32: 0.693145751953125}
+_LN2_LO = {64: 1.90821492927058770002e-10, 32: 1.428606765330187045e-06}
+# Taylor degree whose truncation error at |r| <= ln2/2 is below half an ulp
+_EXP_DEGREE = {64: 13, 32: 7}
+# arguments below this underflow to 0 (we clamp there; exp(-inf) = 0 is what softmax needs)
+_EXP_LO = {64: -708.0, 32: -87.0}
+_EXP_HI = {64: 709.0, 32: 88.0}
+
+
+def _emit_exp(builder, x):
+    """exp(x) lane-wise: x = k ln2 + r, exp(r) by Horner, scale by 2^k through the exponent
+    bits.  Accurate to about 1-2 ulp on [_EXP_LO, _EXP_HI]; below that it returns 0 (so
+    exp(-inf) = 0), above it +inf; NaN lanes stay NaN."""
+    vtype = x.type
+    bits = 32 if isinstance(vtype.element, ir.FloatType) else 64
+    n = vtype.count
+    const = lambda c: ir.Constant(vtype, [c] * n)
+    ity = ir.VectorType(ir.IntType(bits), n)
+    lo, hi = const(_EXP_LO[bits]), const(_EXP_HI[bits])
+    xc = builder.select(builder.fcmp_ordered("<", x, lo), lo, x)
+    xc = builder.select(builder.fcmp_ordered(">", xc, hi), hi, xc)
+    # k = round(x / ln2)
+    t = builder.fmul(xc, const(1.0 / math.log(2.0)))
+    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vtype, [vtype]), f"llvm.rint.{_suffix(vtype)}")
+    k = builder.call(rint, [t])
+    r = _fma(builder, k, const(-_LN2_HI[bits]), xc)
+    r = _fma(builder, k, const(-_LN2_LO[bits]), r)
+    deg = _EXP_DEGREE[bits]
+    p = const(1.0 / math.factorial(deg))
+    for i in range(deg - 1, -1, -1):
+        p = _fma(builder, p, r, const(1.0 / math.factorial(i)))
+    # 2^k: add k to the exponent field.  k is in [-1022, 1023] (float64) / [-126, 127]
+    # (float32) here, so p * 2^k cannot overflow the field except at the top, which the
+    # hi clamp keeps finite; +inf input is handled below.
+    mant = 52 if bits == 64 else 23
+    ki = builder.fptosi(k, ity)
+    shifted = builder.shl(ki, ir.Constant(ity, [mant] * n))
+    y = builder.bitcast(builder.add(builder.bitcast(p, ity), shifted), vtype)
+    # exact edge values: below lo -> 0, above hi -> +inf, NaN -> NaN
+    y = builder.select(builder.fcmp_ordered("<", x, lo), const(0.0), y)
+    y = builder.select(builder.fcmp_ordered(">", x, hi), const(math.inf), y)
+    y = builder.select(builder.fcmp_unordered("uno", x, x), x, y)
+    return y
+
+
+@intrinsic
+def vexp(typingctx, v):
+    """Lane-wise exp (see _emit_exp for the accuracy)."""
+    if not isinstance(v, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _emit_exp(builder, args[0])
+    return v(v), codegen

@@ -1,0 +1,198 @@
+"""Backend "numba": the fast path.
+
+Validation happens in tblock.api; this module only prepares the weights once per
+dtype (packed and fused into one flat buffer, cached on the BlockWeights) and makes a
+single call into compiled code per forward pass.
+
+Threading: all parallel work runs in Numba's thread pool (one thread per core by
+default, see numba.set_num_threads), inside the compiled block; no BLAS is called on
+that path, so BLAS threads never compete with it.  Numba's default "workqueue"
+threading layer aborts if two Python threads enter parallel code at once, and the
+OpenMP/TBB layers would run both regions on the same cores, oversubscribed.  A lock
+around the parallel call therefore makes concurrent callers take turns: each call
+still uses every core, and the results are exactly the serial ones.  The serial
+variant (small blocks) holds no lock and releases the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+
+from .kernels.activations import ACTIVATION_CODES, bias_act_rows
+from .kernels.block import block_parallel, block_serial, weight_layout
+from .kernels.gemm import pack_b, panel_width
+from .kernels.layernorm import layernorm_rows
+from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
+
+_PARALLEL_LOCK = threading.Lock()
+
+# Below this many FLOPs a forward pass runs serially: starting the five parallel
+# regions costs tens of microseconds, more than the whole toy block.
+PARALLEL_MIN_FLOPS = 4_000_000
+
+_KEY = "numba-packed"
+
+
+def _aligned_empty(n: int, dtype) -> np.ndarray:
+    """A 1-D array of n elements whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n + 64 // dtype.itemsize, dtype=dtype)
+    start = (-raw.ctypes.data % 64) // dtype.itemsize
+    return raw[start:start + n]
+
+
+def _pack_weights(weights, dtype) -> np.ndarray:
+    """All weights of the block in one flat array of ``dtype`` (see weight_layout)."""
+    dtype = np.dtype(dtype)
+    d, dff = weights.w_ff1.shape
+    NR = panel_width(dtype)
+    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total = weight_layout(d, dff, NR)
+    flat = _aligned_empty(total, dtype)
+    flat[:] = 0
+    cast = lambda a: np.asarray(a, dtype=dtype)
+    # the cast happens once here, so float64 weights with float32 inputs run in float32
+    pack_b(cast(np.concatenate([weights.w_q, weights.w_k, weights.w_v], axis=1)), flat[o_qkv:o_o])
+    pack_b(cast(weights.w_o), flat[o_o:o_1])
+    pack_b(cast(weights.w_ff1), flat[o_1:o_2])
+    pack_b(cast(weights.w_ff2), flat[o_2:o_b1])
+    # absent biases / LN affines are stored as their identity (0, and gamma=1, beta=0):
+    # x + 0 and y * 1 + 0 are exact, so the kernels never need to branch on them
+    flat[o_b1:o_b1 + dff] = 0 if weights.b_ff1 is None else cast(weights.b_ff1)
+    flat[o_b2:o_b2 + d] = 0 if weights.b_ff2 is None else cast(weights.b_ff2)
+    flat[o_g1:o_g1 + d] = 1 if weights.ln1_gamma is None else cast(weights.ln1_gamma)
+    flat[o_be1:o_be1 + d] = 0 if weights.ln1_beta is None else cast(weights.ln1_beta)
+    flat[o_g2:o_g2 + d] = 1 if weights.ln2_gamma is None else cast(weights.ln2_gamma)
+    flat[o_be2:o_be2 + d] = 0 if weights.ln2_beta is None else cast(weights.ln2_beta)
+    flat.flags.writeable = False
+    return flat
+
+
+def _block_flops(B: int, T: int, d: int, dff: int, causal: bool) -> int:
+    keys = (T + 1) / 2 if causal else T
+    return int(B * T * (8 * d * d + 4 * d * dff + 4 * keys * d))
+
+
+def forward_batch(H, weights, cfg, trace):
+    """The backend contract of tblock.api: H is a read-only C-contiguous (B, T, d_model)
+    float32/float64 array; compute in H's dtype; return (H_out, trace dict or None)."""
+    if trace:
+        return _forward_trace(H, weights, cfg)
+    dtype = H.dtype
+    try:
+        flat = weights._cache[(_KEY, dtype.char)]
+    except KeyError:
+        flat = weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
+    B, T, d = H.shape
+    dff = cfg.d_ff
+    args = (H, flat, T, d, cfg.n_heads, dff, cfg.causal, cfg.norm == "pre",
+            ACTIVATION_CODES[cfg.activation], cfg.eps)
+    if _block_flops(B, T, d, dff, cfg.causal) < PARALLEL_MIN_FLOPS:
+        return block_serial(*args), None
+    with _PARALLEL_LOCK:
+        return _run_parallel(args), None
+
+
+def _run_parallel(args):
+    # chunk size 1 = dynamic scheduling of the coarse tasks (thread-local setting)
+    old = numba.set_parallel_chunksize(1)
+    try:
+        return block_parallel(*args)
+    finally:
+        numba.set_parallel_chunksize(old)
+
+
+# ----------------------------------------------------------------------------- trace
+
+
+def _trace_weights(weights, dtype):
+    """The weights as plain arrays of ``dtype`` for the materialising trace path."""
+    def build(w):
+        a = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in w.arrays().items() if k != "_cache"}
+        d, dff = w.w_ff1.shape
+        a.setdefault("b_ff1", np.zeros(dff, dtype))
+        a.setdefault("b_ff2", np.zeros(d, dtype))
+        a["ln1"] = np.concatenate([a.get("ln1_gamma", np.ones(d, dtype)), a.get("ln1_beta", np.zeros(d, dtype))])
+        a["ln2"] = np.concatenate([a.get("ln2_gamma", np.ones(d, dtype)), a.get("ln2_beta", np.zeros(d, dtype))])
+        a["zeros_ff"] = np.zeros(dff, dtype)
+        return a
+    return weights.prepared(("numba-trace", np.dtype(dtype).char), build)
+
+
+def _layernorm(X, P, eps):
+    """Row LayerNorm of a (..., d) array; P = [gamma, beta]."""
+    d = X.shape[-1]
+    Y = np.empty_like(X)
+    layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, X.size // d, d, P, 0, d, eps)
+    return Y
+
+
+def _forward_trace(H, weights, cfg):
+    """Every intermediate materialised, in H's dtype, with the same kernels for the
+    non-matmul parts (LayerNorm, masked softmax, bias + activation)."""
+    dt = H.dtype
+    w = _trace_weights(weights, dt)
+    B, T, d = H.shape
+    nh, dk = cfg.n_heads, cfg.d_k
+    scale = 1.0 / np.sqrt(dk)
+    tr = {}
+    dummy_add = np.zeros((1, 1))
+    dummy_keep = np.zeros((1, 1), dtype=np.bool_)
+
+    def attention(X):
+        Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
+        A = np.empty((B, nh, T, T), dtype=dt)
+        oc = np.empty((B, T, d), dtype=dt)
+        for b in range(B):
+            for h in range(nh):
+                cols = slice(h * dk, (h + 1) * dk)
+                S = Q[b, :, cols] @ K[b, :, cols].T
+                masked_softmax_rows(np.ascontiguousarray(S), scale, CAUSAL if cfg.causal else NO_MASK,
+                                    dummy_add, dummy_keep, A[b, h])
+                oc[b, :, cols] = A[b, h] @ V[b, :, cols]
+        A_out = oc @ w["w_o"]
+        tr.update(Q=Q, K=K, V=V, A=A, out_concat=oc, A_out=A_out)
+        return A_out
+
+    def ffn(X):
+        F_pre = X @ w["w_ff1"] + w["b_ff1"]
+        F_post = F_pre.copy()
+        dff = F_post.shape[-1]
+        bias_act_rows(F_post.reshape(-1), 0, dff, F_post.size // dff, dff, w["zeros_ff"], 0,
+                      ACTIVATION_CODES[cfg.activation])
+        F_out = F_post @ w["w_ff2"] + w["b_ff2"]
+        tr.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
+        return F_out
+
+    if cfg.norm == "pre":
+        tr["H_norm1"] = _layernorm(H, w["ln1"], cfg.eps)
+        tr["H_mid"] = H + attention(tr["H_norm1"])
+        tr["H_norm2"] = _layernorm(tr["H_mid"], w["ln2"], cfg.eps)
+        tr["H_out"] = tr["H_mid"] + ffn(tr["H_norm2"])
+    else:
+        tr["H_norm1"] = tr["H_mid"] = _layernorm(H + attention(H), w["ln1"], cfg.eps)
+        tr["H_norm2"] = tr["H_out"] = _layernorm(tr["H_mid"] + ffn(tr["H_mid"]), w["ln2"], cfg.eps)
+    return tr["H_out"], tr
+
+
+# ----------------------------------------------------------------------------- warm-up
+
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) every kernel for float32 and float64: the
+    serial and the parallel block and the trace path, so no later call compiles."""
+    from .config import BlockConfig
+    from .weights import init_weights
+    cfg = BlockConfig(d_model=8, n_heads=2)
+    for dtype in (np.float32, np.float64):
+        w = init_weights(cfg, seed=0, dtype=dtype)
+        H = np.zeros((1, 4, 8), dtype=dtype)
+        H.flags.writeable = False          # the API hands backends read-only inputs
+        flat = w.prepared((_KEY, np.dtype(dtype).char), lambda ww: _pack_weights(ww, dtype))
+        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
+        block_serial(*args)
+        with _PARALLEL_LOCK:
+            _run_parallel(args)
+        _forward_trace(H, w, cfg)
