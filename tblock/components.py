@@ -49,6 +49,9 @@ class ComponentSet:
     missing: dict = field(default_factory=dict)   # component -> why it is n/a for this backend
     notes: list = field(default_factory=list)     # anything a reader of the timings should know
     prepare_s: float = 0.0                        # wall time prepare() took (casts, fusing, copies)
+    # which T x T work the attention really does when causal: "full" (the whole square is
+    # computed, then masked) or "causal" (tiles above the diagonal are skipped)
+    square: str = "full"
     _keep: list = field(default_factory=list, repr=False)   # foreign memory the callables point into
 
     def available(self, component: str) -> bool:
@@ -236,11 +239,161 @@ def _numpy_components(cfg, weights, dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# numba and c: wired to whatever their modules expose (they are written in parallel)
+# numba: the fused block (tblock.kernels.block) runs LN, QKV, attention, W_O, FFN and the
+# residuals in one compiled call, so its parts are driven here stage by stage with the
+# same kernels, tiles and task split as the block's own stages
+
+try:
+    import numba
+    from numba import njit, prange
+
+    from .kernels.activations import ACTIVATION_CODES, bias_act_rows
+    from .kernels.attention import flash_rows, pack_kt
+    from .kernels.block import BK, BQ, KC, MC, MF, weight_layout
+    from .kernels.gemm import NV, gemm_block
+    from .kernels.layernorm import layernorm_rows
+    from .kernels.options import FASTMATH
+    from .kernels.simd import lanes
+    from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
+except Exception as e:      # not there yet, or broken: the components become n/a, not an error
+    _NUMBA_KERNELS_MISSING = f"tblock.kernels cannot be used ({type(e).__name__}: {e})"
+else:
+    _NUMBA_KERNELS_MISSING = None
+
+    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
+    def _nb_projection(A, lda, rows, K, Wf, b_off, N, C, ldc):
+        """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), tiled like
+        the block's QKV and W_O stages: MC-row blocks, split by columns when few."""
+        NR = NV * lanes(Wf)
+        nrb = (rows + MC - 1) // MC
+        npn = (N + NR - 1) // NR
+        groups = min(npn, max(1, 8 // nrb))
+        for t in prange(nrb * groups):
+            r0 = (t // groups) * MC
+            g = t % groups
+            gemm_block(A, 0, lda, r0, min(rows, r0 + MC), Wf, b_off, K, N,
+                       g * npn // groups, (g + 1) * npn // groups, C, 0, ldc, False, KC)
+
+    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
+    def _nb_core(qkv, T, d, n_heads, causal):
+        """The block's stages 2 and 3 on one sequence: K^T panels per head, then flash
+        attention per (head, query tile), each head's output over its Q columns of qkv
+        ((T, 3d) rows [Q | K | V], plus NR zeros of padding)."""
+        NR = NV * lanes(qkv)
+        dk = d // n_heads
+        ld = 3 * d
+        scale = 1.0 / np.sqrt(dk)
+        ktn = ((T + NR - 1) // NR) * dk * NR
+        kt = np.empty(n_heads * ktn, dtype=qkv.dtype)
+        for h in prange(n_heads):
+            pack_kt(qkv, d + h * dk, ld, T, dk, kt, h * ktn)
+        nqt = (T + BQ - 1) // BQ
+        ldo = ((dk + NR - 1) // NR) * NR
+        for t in prange(n_heads * nqt):
+            qt = nqt - 1 - t // n_heads          # the costly causal tiles first
+            h = t % n_heads
+            q0 = qt * BQ
+            q1 = min(T, q0 + BQ)
+            S = np.empty(BQ * BK, dtype=qkv.dtype)
+            O = np.empty(BQ * ldo, dtype=qkv.dtype)
+            mrow = np.empty(BQ)
+            lrow = np.empty(BQ)
+            flash_rows(qkv, ld, 0, T, h * dk, 2 * d + h * dk, dk, kt, h * ktn, q0, q1, causal,
+                       scale, BK, S, O, ldo, mrow, lrow, qkv, q0 * ld + h * dk, ld)
+
+    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
+    def _nb_ffn(X, Wf, rows, d, dff, act, out):
+        """The block's stage 5 without its LayerNorm and residual: per MF-row tile,
+        up-projection, bias + activation on the tile, down-projection, + b_ff2."""
+        NR = NV * lanes(Wf)
+        o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
+        for t in prange((rows + MF - 1) // MF):
+            r0 = t * MF
+            m = min(rows, r0 + MF) - r0
+            hid = np.empty(m * dff, dtype=X.dtype)
+            gemm_block(X, r0 * d, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, dff, False, KC)
+            bias_act_rows(hid, 0, dff, m, dff, Wf, o_b1, act)
+            for r in range(r0, r0 + m):
+                for c in range(d):
+                    out[r * d + c] = Wf[o_b2 + c]
+            gemm_block(hid, 0, dff, 0, m, Wf, o_2, dff, d, 0, (d + NR - 1) // NR, out, r0 * d, d, True, KC)
+
 
 def _numba_components(cfg, weights, dtype):
     cs = ComponentSet("numba", cfg, dtype, dtype)
     cs.fns["block"] = _block_fn("numba", cfg, weights)
+    try:
+        if _NUMBA_KERNELS_MISSING:
+            raise ImportError(_NUMBA_KERNELS_MISSING)
+        from ._numba_backend import _KEY, _pack_weights
+    except ImportError as e:
+        for name in ("layernorm", "softmax", "attention_core", "attention", "ffn"):
+            cs.missing[name] = f"not wired: {e}"
+        return cs
+    # the backend's own packed weights, under its own cache key: one copy, one layout
+    Wf = weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
+    d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads
+    NR = NV * 64 // dtype.itemsize
+    o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
+    act = ACTIVATION_CODES[cfg.activation]
+    no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)
+
+    def parallel(fn, *args):
+        # dynamic scheduling one task at a time, as the backend runs its block
+        old = numba.set_parallel_chunksize(1)
+        try:
+            return fn(*args)
+        finally:
+            numba.set_parallel_chunksize(old)
+
+    def layernorm(X):
+        T = X.shape[0]
+        Y = np.empty_like(X)
+        layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, T, d, Wf, o_g1, o_be1, cfg.eps)
+        return Y
+
+    def softmax(S):
+        out = np.empty_like(S)
+        kind = CAUSAL if cfg.causal else NO_MASK
+        for h in range(S.shape[0]):
+            masked_softmax_rows(S[h], 1.0, kind, no_add, no_keep, out[h])
+        return out
+
+    def qkv_buffer(T):
+        qkv = np.empty(T * 3 * d + NR, dtype=dtype)
+        qkv[T * 3 * d:] = 0       # flash_rows reads up to NR-1 elements past the last V row
+        return qkv
+
+    def attention_core(Q, K, V):
+        T = Q.shape[0]
+        qkv = qkv_buffer(T)
+        rows = qkv[:T * 3 * d].reshape(T, 3 * d)
+        rows[:, :d], rows[:, d:2 * d], rows[:, 2 * d:] = Q, K, V
+        parallel(_nb_core, qkv, T, d, n_heads, cfg.causal)
+        return rows[:, :d]
+
+    def attention(X):
+        T = X.shape[0]
+        qkv = qkv_buffer(T)
+        parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv, 3 * d, qkv, 3 * d)
+        parallel(_nb_core, qkv, T, d, n_heads, cfg.causal)
+        out = np.empty((T, d), dtype=dtype)
+        parallel(_nb_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
+        return out
+
+    def ffn(X):
+        T = X.shape[0]
+        out = np.empty((T, d), dtype=dtype)
+        parallel(_nb_ffn, X.reshape(-1), Wf, T, d, dff, act, out.reshape(-1))
+        return out
+
+    cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core,
+                  attention=attention, ffn=ffn)
+    cs.square = "causal"        # flash_rows never visits key tiles above the diagonal
+    cs.notes.append("numba: the block is one fused compiled call (tblock.forward); attention, its core and "
+                    "the FFN are driven stage by stage here with the block's own kernels and tiles; "
+                    "layernorm and softmax are the serial row kernels (the fused attention never "
+                    "materialises the scores: its online softmax runs on tiles)")
     return cs
 
 
@@ -459,7 +612,7 @@ def _torch_components(cfg, weights, dtype):
     def whole(X):
         return block(torch.from_numpy(X)[None])[0].numpy()
 
-    cs = ComponentSet("torch", cfg, dtype, dtype)
+    cs = ComponentSet("torch", cfg, dtype, dtype, square="causal")   # SDPA's CPU flash kernel skips masked tiles
     cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core,
                   attention=attention, ffn=ffn, block=whole)
     cs.notes.append("torch: nanoGPT-style modules under torch.inference_mode, "

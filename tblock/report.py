@@ -114,7 +114,7 @@ class ReportOptions:
 
 MODES = {
     # (T_max in d_model, points per doubling of T, repeats, min_repeat_s, target_s, point budget s)
-    "quick": (8, 1, 3, 0.01, 0.1, 6.0),
+    "quick": (8, 1, 3, 0.01, 0.1, 10.0),
     "full": (16, 2, 7, 0.05, 1.0, 120.0),
 }
 
@@ -161,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median reported)")
     p.add_argument("--point-budget", type=float, default=None,
                    help="seconds one backend may spend on one T; larger T are skipped once exceeded "
-                        "(default 6 quick, 120 full)")
+                        "(default 10 quick, 120 full)")
     p.add_argument("--target-time", type=float, default=None,
                    help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 1 full)")
     p.add_argument("--ceiling-sizes", default=None,
@@ -486,12 +486,14 @@ def _point_memory(cfg, T, component, backend, dtype) -> int:
     return 3 * square if backend == "numpy" else 0    # the others tile or go head by head
 
 
-def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int) -> float:
+def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int, square: str = "full") -> float:
     """Seconds one backend would spend on T_next: each component's fastest call at the last T,
-    scaled by its full-square FLOPs (the slow backends compute all of the square, and it
-    over- rather than under-estimates a causal kernel), times the calls a measurement makes."""
-    fl = component_flops(cfg, T_next)["full"]
-    return sum(r["min_s"] * fl[r["component"]] / r["flops_full"] * (repeats + 2)
+    scaled by the FLOPs of the work it really does (the whole square for the oracle and the
+    C reference, the causal triangle for kernels that skip masked tiles), times the calls
+    a measurement makes."""
+    kind = "causal" if (cfg.causal and square == "causal") else "full"
+    fl = component_flops(cfg, T_next)[kind]
+    return sum(r["min_s"] * fl[r["component"]] / r[f"flops_{kind}"] * (repeats + 2)
                for r in rows if r["status"] == "ok")
 
 
@@ -505,13 +507,13 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
     per_backend = {}
     for b in opts.backends:
         cs = sets[b]
-        rec = per_backend[b] = {"compute_dtype": str(cs.compute_dtype), "prepare_s": cs.prepare_s,
+        rec = per_backend[b] = {"compute_dtype": str(cs.compute_dtype), "square": cs.square, "prepare_s": cs.prepare_s,
                                 "notes": list(cs.notes), "missing": dict(cs.missing), "skipped": {}, "results": []}
         time.sleep(0.2)     # let the previous backend's pools fall asleep
         stopped, last = None, []
         for T in opts.T_list:
             if stopped is None and last:
-                est = estimate_point_s(last, T, cfg, opts.repeats)
+                est = estimate_point_s(last, T, cfg, opts.repeats, cs.square)
                 if est > opts.point_budget_s:
                     stopped = (f"T >= {T} skipped: estimated {est:.1f} s for T={T} (from the times at "
                                f"T={last[0]['T']}, scaled by FLOPs) exceeds the {opts.point_budget_s:g} s "
@@ -782,7 +784,10 @@ def render_markdown(data: dict) -> str:
 
     for b, rec in data["backends"].items():
         L += [f"## Backend `{b}`", "",
-              f"Computes in {rec['compute_dtype']}; components prepared (weights cast, fused, transposed) "
+              f"Computes in {rec['compute_dtype']}; "
+              + ("skips the masked tiles of the T x T square" if rec.get("square") == "causal"
+                 else "computes the whole T x T square, masked entries included") +
+              f"; components prepared (weights cast, fused, transposed) "
               f"in {_ms(rec['prepare_s'])} before any timing. Each cell: median time, achieved "
               f"GFLOP/s ({kind} count), % of the {rec['compute_dtype']} ceiling."]
         for n in rec["notes"]:
