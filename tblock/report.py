@@ -726,7 +726,7 @@ def render_markdown(data: dict) -> str:
     for b, rec in data["backends"].items():
         sub, core = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
         rr = core.get("rate_ratio")
-        rows.append([b, _T(sub["T"]) if sub["T"] else sub["status"], _T(core["T"]) if core["T"] else core["status"],
+        rows.append([b, _crossing_cell(sub), _crossing_cell(core),
                      "-" if rr is None else f"{rr:.2f}", "-" if rr is None else _T(model_T * rr)])
     L += _table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
                  "core GFLOP/s ÷ FFN GFLOP/s there", f"FLOP model {model_T:,.0f} × that rate ratio"], rows)
@@ -841,6 +841,18 @@ def render_markdown(data: dict) -> str:
         L += [f"No plots: {data['plots']['reason']}."]
     L += [""]
     return "\n".join(L)
+
+
+def _crossing_cell(x: dict) -> str:
+    """A measured crossover for a table cell: the T, or which side of the sweep it lies."""
+    if x["T"]:
+        return _T(x["T"]) + (" (noisy)" if "noisy" in x["status"] else "")
+    Ts = sorted(int(T) for T in x.get("ratios", {}))
+    if not Ts:
+        return "not measured"
+    if x["status"].startswith("below"):
+        return f"< {Ts[0]}"
+    return f"> {Ts[-1]}" + (f" (trend ≈ {_T(x['extrapolated_T'])})" if x.get("extrapolated_T") else "")
 
 
 def load_warning(m: dict) -> str | None:
@@ -1069,8 +1081,7 @@ def summary_text(data: dict) -> str:
               f"sublayer=FFN {fm['sublayer_crossover_T_full']:.0f} full, {fm['sublayer_crossover_T_causal']:.0f} causal"]
     for b, rec in data["backends"].items():
         s, c = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
-        lines.append(f"   {b:<7} attention sublayer = FFN at T {'≈ ' + _T(s['T']) if s['T'] else '- ' + s['status']}; "
-                     f"core = FFN at T {'≈ ' + _T(c['T']) if c['T'] else '- ' + c['status']}")
+        lines.append(f"   {b:<7} attention sublayer = FFN at T: {_crossing_cell(s)}; core = FFN at T: {_crossing_cell(c)}")
     s = data["summary"]
     if s["ratios"]:
         ref = s["reference"]
