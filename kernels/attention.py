@@ -1,10 +1,12 @@
 """Flash-style attention for one head: tiles of queries against tiles of keys with an
 online softmax, so the extra memory is O(tile) and the T x T scores never exist.
 
-Operands live in the fused projection buffer X (one row per token: [Q | K | V] for all
-heads, row stride ldx), read in place; only K is repacked, transposed into NR-wide
-panels (``pack_kt``), because the micro-kernel wants the key index along the vector
-lanes for S = Q K^T.  For O += P V the value rows are already in the right shape.
+The operands come from the fused projection buffer X (one row per token: [Q | K | V]
+for all heads, row stride ldx).  Per head, K is packed transposed into NR-wide panels
+(``pack_kt``: the micro-kernel wants the key index along the vector lanes for
+S = Q K^T) and V into contiguous rows (``pack_v``); each task copies its query tile.
+In X a head's row is 64 elements in a 9 KiB stride, a new page per token: read in
+place, a 128-key tile touched 128 pages and the TLB misses cost ~25%.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import math
 from numba import njit
 
 from .gemm import MR, NV, micro_kernel
-from .options import FASTMATH
+from .options import JIT
 from .simd import (lanes, vadd, vexp, vhmax, vhsum, vkeep, vload, vmax, vmul, vsplat, vstore,
                    vsub)
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
     """K^T panels of one head: for panel p (keys p*NR .. p*NR+NR-1),
     Kt[kt_off + p*dk*NR + c*NR + j] = K[p*NR + j, c], zero for keys >= T.
@@ -38,33 +40,43 @@ def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
                     Kt[base + c * NR + j] = 0.0
 
 
-def kt_size(T: int, dk: int, NR: int) -> int:
-    """Elements of one head's packed K^T."""
-    return -(-T // NR) * dk * NR
+@njit(**JIT)
+def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
+    """Y[r, 0:n] = X[r, 0:n] and Y[r, n:ldy] = 0 for r < rows (a contiguous copy of a
+    strided block, zero-padded to the row length ldy)."""
+    for r in range(rows):
+        src = x_off + r * ldx
+        dst = y_off + r * ldy
+        for c in range(n):
+            Y[dst + c] = X[src + c]
+        for c in range(n, ldy):
+            Y[dst + c] = 0.0
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
-def flash_rows(X, ldx, x_row0, T, q_col, v_col, dk, Kt, kt_off, q0, q1, causal, scale,
-               BK, S, O, ldo, mrow, lrow, out, out_off, ldout):
+@njit(**JIT)
+def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, scale,
+               BK, Qt, S, O, mrow, lrow, out, out_off, ldout):
     """Attention output of queries q0..q1-1 of one head of one sequence.
 
-    Q[t, c] = X.flat[(x_row0 + t)*ldx + q_col + c], V likewise at v_col; K^T packed at
-    Kt[kt_off] (pack_kt).  Scratch: S >= (q1-q0)*BK, O >= (q1-q0)*ldo with ldo >= dk a
-    multiple of NR, mrow/lrow >= q1-q0.  BK must be a multiple of NR.  Writes
-    out.flat[out_off + i*ldout + c] for i < q1-q0, c < dk.
+    Q[t, c] = X.flat[q_off + t*ldx + c]; K^T packed at Kt[kt_off] (pack_kt); V[t, c] =
+    V.flat[v_off + t*ldv + c] with ldv >= dk a multiple of NR, zero past dk (pack_rows).
+    Scratch: Qt >= (q1-q0)*dk, S >= (q1-q0)*BK, O >= (q1-q0)*ldv, mrow/lrow >= q1-q0
+    (float64).  BK must be a multiple of NR.  Writes out.flat[out_off + i*ldout + c] for
+    i < q1-q0, c < dk.
 
     With ``causal`` the key tiles at or beyond q1 (entirely above the diagonal) are
-    never visited; inside the diagonal tile the masked scores are dropped lane-wise."""
+    never visited; inside a diagonal tile the masked scores are dropped lane-wise."""
     W = lanes(Kt)
     NR = NV * W
     m = q1 - q0
     zero = vsplat(O, 0.0)
     vscale = vsplat(S, scale)
+    pack_rows(X, q_off + q0 * ldx, ldx, m, dk, Qt, 0, dk)
     for i in range(m):
         mrow[i] = -math.inf
         lrow[i] = 0.0
-        for c in range(0, ldo, W):
-            vstore(O, i * ldo + c, zero)
+        for c in range(0, ldv, W):
+            vstore(O, i * ldv + c, zero)
     kv_end = q1 if causal else T
     for k0 in range(0, kv_end, BK):
         kn = min(BK, kv_end - k0)
@@ -73,8 +85,8 @@ def flash_rows(X, ldx, x_row0, T, q_col, v_col, dk, Kt, kt_off, q0, q1, causal, 
             pb = kt_off + (k0 // NR + p) * dk * NR
             n = min(NR, kn - p * NR)
             for i in range(0, m, MR):
-                micro_kernel(X, (x_row0 + q0 + i) * ldx + q_col, ldx, 1, min(MR, m - i),
-                             Kt, pb, NR, dk, S, i * BK + p * NR, BK, n, False)
+                micro_kernel(Qt, i * dk, dk, 1, min(MR, m - i), Kt, pb, NR, dk,
+                             S, i * BK + p * NR, BK, n, False)
         # online softmax: new running max, rescale what was accumulated, P = exp(...)
         for i in range(m):
             nv = kn
@@ -103,16 +115,15 @@ def flash_rows(X, ldx, x_row0, T, q_col, v_col, dk, Kt, kt_off, q0, q1, causal, 
             mrow[i] = m_new
             if alpha != 1.0:
                 va = vsplat(O, alpha)
-                for c in range(0, ldo, W):
-                    vstore(O, i * ldo + c, vmul(vload(O, i * ldo + c), va))
+                for c in range(0, ldv, W):
+                    vstore(O, i * ldv + c, vmul(vload(O, i * ldv + c), va))
         # O += P V over this key tile
-        for vp in range((dk + NR - 1) // NR):
-            n = min(NR, dk - vp * NR)
+        for vp in range(ldv // NR):
             for i in range(0, m, MR):
                 micro_kernel(S, i * BK, BK, 1, min(MR, m - i),
-                             X, (x_row0 + k0) * ldx + v_col + vp * NR, ldx, kn,
-                             O, i * ldo + vp * NR, ldo, n, True)
+                             V, v_off + k0 * ldv + vp * NR, ldv, kn,
+                             O, i * ldv + vp * NR, ldv, NR, True)
     for i in range(m):
         inv = 1.0 / lrow[i]
         for c in range(dk):
-            out[out_off + i * ldout + c] = O[i * ldo + c] * inv
+            out[out_off + i * ldout + c] = O[i * ldv + c] * inv

@@ -5,7 +5,8 @@ from Python crosses into Numba once.  Its five stages are loops over independent
 tasks; each task calls the serial kernels of this package:
 
   1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v] into ``qkv``
-  2. K^T:   per (sequence, head), pack the keys for the score micro-kernel
+  2. pack:  per (sequence, head), K^T in panels for the score micro-kernel, V rows
+            made contiguous
   3. attn:  per (sequence, head, query tile), flash attention; the head's output is
             written over that head's Q columns of the same rows (each Q tile is read
             by exactly one task, before it writes there), so out_concat needs no buffer
@@ -35,10 +36,10 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import bias_act_rows
-from .attention import flash_rows, pack_kt
+from .attention import flash_rows, pack_kt, pack_rows
 from .gemm import NV, gemm_block, micro_kernel  # noqa: F401  (micro_kernel: warm-up)
 from .layernorm import layernorm_rows
-from .options import FASTMATH
+from .options import JIT
 from .simd import lanes
 
 # tile sizes (rows are tokens of all sequences together, except in attention)
@@ -49,7 +50,7 @@ BK = 128      # keys per attention tile (a multiple of NR for both dtypes)
 MF = 48       # rows per FFN task: a 48 x 3072 float32 hidden tile is 576 KiB, in L2
 
 
-@njit(cache=True, nogil=True)
+@njit(**JIT)
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_qkv, W_o, W_1, W_2, then b1, b2,
     gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
@@ -72,6 +73,75 @@ def weight_layout(d, dff, NR):
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
 
 
+@njit(**JIT)
+def attention_buffers(qkv, T, d, n_heads):
+    """Room for the packed K^T and V of every (sequence, head) of the flat (B*T, 3d)
+    projection buffer qkv, for pack_head and attention_task."""
+    NR = NV * lanes(qkv)
+    dk = d // n_heads
+    ktn = ((T + NR - 1) // NR) * dk * NR
+    ldv = ((dk + NR - 1) // NR) * NR
+    nbh = qkv.size // (3 * d) // T * n_heads
+    return np.empty(nbh * ktn, dtype=qkv.dtype), np.empty(nbh * T * ldv, dtype=qkv.dtype)
+
+
+@njit(**JIT)
+def pack_head(qkv, T, d, n_heads, t, kt, vp):
+    """Task t = b*n_heads + h of stage 2: K^T panels and contiguous V of head h of
+    sequence b, from the (B*T, 3d) projection rows in qkv."""
+    NR = NV * lanes(kt)
+    dk = d // n_heads
+    ld = 3 * d
+    ktn = ((T + NR - 1) // NR) * dk * NR
+    ldv = ((dk + NR - 1) // NR) * NR
+    b = t // n_heads
+    h = t % n_heads
+    pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
+    pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
+
+
+@njit(**JIT)
+def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
+    """Task t of stage 3: one query tile of one head of one sequence; the head's output
+    goes over its own Q columns of those rows.  Tasks are numbered costly-first: the
+    last query tiles (most keys under a causal mask) of every (sequence, head) first."""
+    NR = NV * lanes(kt)
+    dk = d // n_heads
+    ld = 3 * d
+    ktn = ((T + NR - 1) // NR) * dk * NR
+    ldv = ((dk + NR - 1) // NR) * NR
+    nbh = qkv.size // ld // T * n_heads
+    nqt = (T + BQ - 1) // BQ
+    qt = nqt - 1 - t // nbh
+    bh = t % nbh
+    b = bh // n_heads
+    h = bh % n_heads
+    q0 = qt * BQ
+    q1 = min(T, q0 + BQ)
+    dt = qkv.dtype
+    Qt = np.empty(BQ * dk, dtype=dt)
+    S = np.empty(BQ * BK, dtype=dt)
+    O = np.empty(BQ * ldv, dtype=dt)
+    mrow = np.empty(BQ)
+    lrow = np.empty(BQ)
+    flash_rows(qkv, ld, b * T * ld + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
+               q0, q1, causal, 1.0 / np.sqrt(dk), BK, Qt, S, O, mrow, lrow,
+               qkv, (b * T + q0) * ld + h * dk, ld)
+
+
+@njit(parallel=True, **JIT)
+def attention_core(qkv, T, d, n_heads, causal):
+    """Stages 2 and 3 of the block on their own: qkv is the flat (B*T, 3d) buffer of
+    projection rows [Q | K | V]; each head's attention output replaces its Q columns.
+    (For callers that time the attention core alone; the block does the same inline.)"""
+    kt, vp = attention_buffers(qkv, T, d, n_heads)
+    nbh = qkv.size // (3 * d) // T * n_heads
+    for t in prange(nbh):
+        pack_head(qkv, T, d, n_heads, t, kt, vp)
+    for t in prange(nbh * ((T + BQ - 1) // BQ)):
+        attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
+
+
 def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps):
     """The block on H3 (B, T, d) C-contiguous, returned as a new (B, T, d) array;
     Wf: the flat weights (weight_layout).  act: an activations.*_CODE."""
@@ -82,14 +152,9 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps):
     o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, _ = weight_layout(d, dff, NR)
     rows = H.size // d
     nseq = rows // T
-    dk = d // n_heads
     ld = 3 * d
-    scale = 1.0 / np.sqrt(dk)
     dt = H.dtype
-    # the attention kernel reads NR-wide slices of V rows, up to NR-1 past the last
-    # row: pad (with zeros, so no stale NaN is ever read)
-    qkv = np.empty(rows * ld + NR, dtype=dt)
-    qkv[rows * ld:] = 0.0
+    qkv = np.empty(rows * ld, dtype=dt)
     # 1. [LN1 +] QKV projection; split columns too when there are few row blocks
     nrb = (rows + MC - 1) // MC
     npq = (ld + NR - 1) // NR
@@ -108,30 +173,15 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps):
         else:
             gemm_block(H, 0, d, r0, r1, Wf, o_qkv, d, ld, p0, p1, qkv, 0, ld, False, KC)
 
-    # 2. K^T panels per (sequence, head)
-    ktn = ((T + NR - 1) // NR) * dk * NR
-    kt = np.empty(nseq * n_heads * ktn, dtype=dt)
+    # 2. per (sequence, head): K^T panels, V rows made contiguous
+    kt, vp = attention_buffers(qkv, T, d, n_heads)
     for t in prange(nseq * n_heads):
-        b = t // n_heads
-        h = t % n_heads
-        pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
+        pack_head(qkv, T, d, n_heads, t, kt, vp)
 
     # 3. attention per (sequence, head, query tile), the costly causal tiles first
     nqt = (T + BQ - 1) // BQ
-    ldo = ((dk + NR - 1) // NR) * NR
     for t in prange(nseq * n_heads * nqt):
-        qt = nqt - 1 - t // (nseq * n_heads)
-        bh = t % (nseq * n_heads)
-        b = bh // n_heads
-        h = bh % n_heads
-        q0 = qt * BQ
-        q1 = min(T, q0 + BQ)
-        S = np.empty(BQ * BK, dtype=dt)
-        O = np.empty(BQ * ldo, dtype=dt)
-        mrow = np.empty(BQ)
-        lrow = np.empty(BQ)
-        flash_rows(qkv, ld, b * T, T, h * dk, 2 * d + h * dk, dk, kt, bh * ktn, q0, q1, causal,
-                   scale, BK, S, O, ldo, mrow, lrow, qkv, (b * T + q0) * ld + h * dk, ld)
+        attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
 
     # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv)
     npo = (d + NR - 1) // NR
@@ -185,7 +235,7 @@ def _compiled(name, parallel):
                             _block.__closure__)
     fn.__qualname__ = name
     fn.__doc__ = _block.__doc__
-    return njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=parallel)(fn)
+    return njit(parallel=parallel, **JIT)(fn)
 
 
 block_parallel = _compiled("block_parallel", True)

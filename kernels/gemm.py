@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from .simd import lanes, vadd, vbcast, vfma, vload, vload_n, vsplat, vstore, vstore_n
-from .options import FASTMATH
+from .options import JIT
 
 MR = 6          # rows of the micro-tile
 NV = 4          # vectors per row of the micro-tile: NR = NV * lanes columns
@@ -32,7 +32,7 @@ def panel_width(dtype) -> int:
     return NV * 64 // np.dtype(dtype).itemsize
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate):
     """C[0:m, 0:n] (+)= A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
 
@@ -102,7 +102,7 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
         _store_row(C, c_off + 5 * ldc, n, W, accumulate, c50, c51, c52, c53)
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def _store_row(C, off, n, W, accumulate, v0, v1, v2, v3):
     """C.flat[off : off + n] (+)= [v0 v1 v2 v3][:n], full-width stores where possible."""
     if n >= 4 * W:
@@ -122,7 +122,7 @@ def _store_row(C, off, n, W, accumulate, v0, v1, v2, v3):
         _store_part(C, off + 3 * W, n - 3 * W, accumulate, v3)
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def _store_part(C, off, n, accumulate, v):
     if n > 0:
         if accumulate:
@@ -148,21 +148,22 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
         panels[p, :, :cols.shape[1]] = cols
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
     """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially.
 
     A[i, k] = A.flat[a_off + i*lda + k]; C[i, j] = C.flat[c_off + i*ldc + j]; B is the
-    packed matrix starting at Bp[b_off].  Loop order (BLIS's): k blocks of KC outermost,
-    then panels, then micro row-tiles, so the KC x NR slice of a panel (KC=128: 32 KiB
-    of float32) stays in L1 while all row tiles of the block stream over it."""
+    packed matrix starting at Bp[b_off].  Loop order: panels, then k blocks of KC, then
+    micro row-tiles: the KC x NR slice of a panel (KC=128: 32 KiB of float32) stays in
+    L1 while every row tile of the block passes over it, and the block's C panel stays
+    in L1/L2 across the k blocks (measured 5-10% faster than k blocks outermost)."""
     NR = NV * lanes(Bp)
-    for kc0 in range(0, K, KC):
-        kc = min(KC, K - kc0)
-        acc = accumulate or kc0 > 0
-        for p in range(p0, p1):
+    for p in range(p0, p1):
+        n = min(NR, N - p * NR)
+        for kc0 in range(0, K, KC):
+            kc = min(KC, K - kc0)
+            acc = accumulate or kc0 > 0
             pb = b_off + p * K * NR + kc0 * NR
-            n = min(NR, N - p * NR)
             for i in range(i0, i1, MR):
                 micro_kernel(A, a_off + i * lda + kc0, lda, 1, min(MR, i1 - i), Bp, pb, NR, kc,
                              C, c_off + i * ldc + p * NR, ldc, n, acc)

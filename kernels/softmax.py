@@ -10,12 +10,12 @@ import math
 import numpy as np
 from numba import njit
 
-from .options import FASTMATH
+from .options import JIT
 
 NO_MASK, CAUSAL, ADDITIVE, BOOLEAN = 0, 1, 2, 3
 
 
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
+@njit(**JIT)
 def masked_softmax_rows(S, scale, mask_kind, mask_add, mask_keep, out):
     """out[i, :] = softmax_j(S[i, j] * scale (+ mask)) over the allowed j.
 

@@ -15,10 +15,18 @@ from .worked_example import LESSON_PRINTED, load_worked_example
 
 __version__ = "0.1.0"
 
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) every kernel of the default "numba" backend
+    for float32 and float64, so that no later call pays for compilation.  Numba is only
+    imported here (and on first use of the backend), so `import tblock` stays light."""
+    from ._numba_backend import warmup as _warmup
+    _warmup()
+
 __all__ = [
     "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount",
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
-    "init_weights", "load_worked_example", "param_breakdown", "param_count",
+    "init_weights", "load_worked_example", "param_breakdown", "param_count", "warmup",
 ]
 
 # The lesson's lenses, its sidebars, the demo's model and the walk-through: loaded on first

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""tblock (backend "numba") against a nanoGPT-style PyTorch CPU block, float32, batch 1.
+
+    python bench/compare_torch.py            # the full table (several minutes)
+    python bench/compare_torch.py --quick    # fewer repetitions
+    python bench/compare_torch.py --points 768:12:4096 384:6:64
+
+Both blocks compute the same function with the same weights (Pre-LN, causal, tanh GELU,
+no biases, LayerNorm without affine): the script checks that first.  Timings alternate
+tblock and torch call by call in one process, so both see the same machine load, and
+report medians.  Also: the toy block's time per tblock.forward call, GFLOP/s against
+the best float32 GEMM rate, peak memory in fresh subprocesses, and T=32768.
+
+Nothing here is asserted: it is a measurement, printed as a table.  torch is optional
+(without it only tblock's side is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+import tblock
+from tblock._numba_backend import warmup
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:            # torch is optional
+    torch = None
+
+THREADS = 2
+POINTS = [(768, 12, 128), (768, 12, 1024), (768, 12, 4096), (384, 6, 64), (384, 6, 1024), (384, 6, 4096)]
+
+
+def causal_flops(d, T):
+    """The brief's count for one causal block: 24 T d^2 (projections and FFN with
+    d_ff = 4d) + 2 T^2 d (scores and AV over the lower triangle)."""
+    return 24 * T * d * d + 2 * T * T * d
+
+
+if torch is not None:
+    class TorchBlock(torch.nn.Module):
+        """nanoGPT's Block with bias=False and our weights (torch.nn.Linear stores W^T)."""
+
+        def __init__(self, w, n_heads):
+            super().__init__()
+            d = w.w_q.shape[0]
+            self.n_heads = n_heads
+            self.ln1 = torch.nn.LayerNorm(d, elementwise_affine=False)
+            self.c_attn = torch.nn.Linear(d, 3 * d, bias=False)
+            self.c_proj = torch.nn.Linear(d, d, bias=False)
+            self.ln2 = torch.nn.LayerNorm(d, elementwise_affine=False)
+            self.c_fc = torch.nn.Linear(d, 4 * d, bias=False)
+            self.mlp_proj = torch.nn.Linear(4 * d, d, bias=False)
+            with torch.no_grad():
+                self.c_attn.weight.copy_(torch.from_numpy(np.concatenate([w.w_q, w.w_k, w.w_v], axis=1).T.copy()))
+                self.c_proj.weight.copy_(torch.from_numpy(w.w_o.T.copy()))
+                self.c_fc.weight.copy_(torch.from_numpy(w.w_ff1.T.copy()))
+                self.mlp_proj.weight.copy_(torch.from_numpy(w.w_ff2.T.copy()))
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.c_attn(self.ln1(x)).split(C, dim=2)
+            q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            x = x + self.c_proj(y)
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln2(x)), approximate="tanh"))
+
+
+def _timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def side_by_side(fa, fb, min_reps, budget_s):
+    """Alternate fa and fb; at least min_reps each, more while within budget_s."""
+    ta, tb = [], []
+    fa(), fb()                                  # warm caches and allocators
+    start = time.perf_counter()
+    while len(ta) < min_reps or (time.perf_counter() - start < budget_s and len(ta) < 200):
+        ta.append(_timed(fa))
+        tb.append(_timed(fb))
+    return np.median(ta), np.median(tb), len(ta)
+
+
+def bench_point(d, n_heads, T, quick):
+    cfg = tblock.BlockConfig(d_model=d, n_heads=n_heads, causal=True, norm="pre", activation="gelu_tanh")
+    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
+    H = np.random.default_rng(1).standard_normal((1, T, d)).astype(np.float32)
+    ours = lambda: tblock.forward(H, w, cfg, backend="numba")
+    row = {"d": d, "heads": n_heads, "T": T}
+    if torch is None:
+        ta = np.median([_timed(ours) for _ in range(3 if quick else 7)])
+        row.update(tblock_ms=ta * 1e3)
+        return row
+    tb_mod = TorchBlock(w, n_heads).eval()
+    x = torch.from_numpy(H)
+    with torch.inference_mode():
+        ref = tb_mod(x).numpy()
+        got = ours()
+        rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+        theirs = lambda: tb_mod(x)
+        budget = (2.0 if quick else 8.0) * (1 + T / 1024)
+        ta, tt, n = side_by_side(ours, theirs, 3 if quick else 7, budget)
+    row.update(tblock_ms=ta * 1e3, torch_ms=tt * 1e3, ratio=ta / tt, reps=n, max_rel_diff=rel)
+    return row
+
+
+def toy_us(quick):
+    cfg = tblock.BlockConfig(d_model=8, n_heads=2)
+    w = tblock.init_weights(cfg, seed=0)
+    H = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    f = lambda: tblock.forward(H, w, cfg, backend="numba")
+    f()
+    n = 2000 if quick else 10000
+    per = []
+    for _ in range(7):
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        per.append((time.perf_counter() - t) / n)
+    out = {"tblock_us": float(np.median(per)) * 1e6}
+    if torch is not None:
+        tb_mod = TorchBlock(w, 2).eval()
+        x = torch.from_numpy(H[None])
+        with torch.inference_mode():
+            tb_mod(x)
+            per = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(n // 10):
+                    tb_mod(x)
+                per.append((time.perf_counter() - t) / (n // 10))
+        out["torch_us"] = float(np.median(per)) * 1e6
+    return out
+
+
+def best_gemm_gflops():
+    """The best float32 GEMM rate this machine gives us: numpy's BLAS, torch's and our
+    own kernel on the block's largest GEMM shape (best of several runs)."""
+    from threadpoolctl import threadpool_info
+    M, K, N = 4096, 768, 3072
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((K, N), dtype=np.float32)
+    C = np.empty((M, N), np.float32)
+    res = {}
+    best = lambda f, n=7: min(_timed(f) for _ in range(n))
+    np.matmul(A, B, out=C)
+    res["numpy_matmul"] = 2 * M * N * K / best(lambda: np.matmul(A, B, out=C)) / 1e9
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    res["numpy_blas"] = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in blas)
+    if torch is not None:
+        ta, tbm, tc = torch.from_numpy(A), torch.from_numpy(B), torch.from_numpy(C)
+        torch.mm(ta, tbm, out=tc)
+        res["torch_mm"] = 2 * M * N * K / best(lambda: torch.mm(ta, tbm, out=tc)) / 1e9
+    res["tblock_gemm"] = _our_gemm_gflops(A, B)
+    return res
+
+
+def _our_gemm_gflops(A, B):
+    import numba
+    from numba import njit, prange
+    from tblock.kernels.block import KC
+    from tblock.kernels.gemm import gemm_block, pack_b, packed_size, panel_width
+
+    @njit(parallel=True)
+    def run(A, Bp, K, N, C, M):
+        for t in prange((M + 95) // 96):
+            gemm_block(A, 0, K, t * 96, min(M, t * 96 + 96), Bp, 0, K, N, 0, (N + 63) // 64, C, 0, N, False, KC)
+    M, K = A.shape
+    N = B.shape[1]
+    Bp = np.empty(packed_size(K, N, panel_width(np.float32)), np.float32)
+    pack_b(B, Bp)
+    C = np.empty(M * N, np.float32)
+    old = numba.set_parallel_chunksize(1)
+    f = lambda: run(A.reshape(-1), Bp, K, N, C, M)
+    f()
+    t = min(_timed(f) for _ in range(7))
+    numba.set_parallel_chunksize(old)
+    return 2 * M * N * K / t / 1e9
+
+
+def nominal_peak():
+    """Cores x MHz (from /proc/cpuinfo) x 2 FMA units x 16 float32 lanes x 2 FLOPs;
+    only meaningful with AVX-512 and two FMA ports, and at the listed clock."""
+    try:
+        mhz = max(float(l.split(":")[1]) for l in open("/proc/cpuinfo") if l.startswith("cpu MHz"))
+        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    lanes = 16 if "avx512f" in flags else 8
+    return os.cpu_count() * mhz * 1e6 * 2 * lanes * 2 / 1e9
+
+
+_MEM_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    import numpy as np
+    def hwm():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    import tblock
+    from tblock._numba_backend import warmup
+    warmup()
+    base = hwm()
+    d, T = int(sys.argv[1]), int(sys.argv[2])
+    cfg = tblock.BlockConfig(d_model=d, n_heads=12)
+    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
+    H = np.random.default_rng(0).standard_normal((T, d)).astype(np.float32)
+    t = time.perf_counter()
+    out = tblock.forward(H, w, cfg, backend="numba")
+    dt = time.perf_counter() - t
+    print(json.dumps({"base_mib": base, "peak_mib": hwm(), "seconds": dt,
+                      "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "finite": bool(np.isfinite(out).all())}))
+""")
+
+
+def memory(T):
+    """Peak RSS of one forward in a fresh process, above the RSS after import + warmup."""
+    p = subprocess.run([sys.executable, "-c", _MEM_CHILD, "768", str(T)], capture_output=True, text=True)
+    if p.returncode:
+        return {"error": p.stderr.strip().splitlines()[-1:]}
+    r = json.loads(p.stdout)
+    r["above_base_mib"] = r["peak_mib"] - r["base_mib"]
+    return r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--points", nargs="*", help="d:heads:T, default: the six of the brief")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    import numba
+    numba.set_num_threads(THREADS)
+    if torch is not None:
+        torch.set_num_threads(THREADS)
+    warmup()
+    points = [tuple(int(x) for x in p.split(":")) for p in args.points] if args.points else POINTS
+    results = {"threads": THREADS, "points": []}
+    print(f"float32, batch 1, {THREADS} threads, causal Pre-LN, tanh GELU, no biases; medians of "
+          f"alternating calls; torch {torch.__version__ if torch else 'not installed'}")
+    print(f"{'d':>4} {'heads':>5} {'T':>5} {'tblock ms':>10} {'torch ms':>10} {'ratio':>6} {'reps':>5} "
+          f"{'GFLOP/s':>8} {'max rel diff':>12}")
+    for d, h, T in points:
+        r = bench_point(d, h, T, args.quick)
+        r["gflops"] = causal_flops(d, T) / (r["tblock_ms"] / 1e3) / 1e9
+        results["points"].append(r)
+        print(f"{d:>4} {h:>5} {T:>5} {r['tblock_ms']:>10.3f} {r.get('torch_ms', float('nan')):>10.3f} "
+              f"{r.get('ratio', float('nan')):>6.2f} {r.get('reps', 0):>5} {r['gflops']:>8.1f} "
+              f"{r.get('max_rel_diff', float('nan')):>12.1e}", flush=True)
+    toy = toy_us(args.quick)
+    results["toy"] = toy
+    print(f"\ntoy d_model=8, 2 heads, T=4: {toy['tblock_us']:.2f} us per tblock.forward call"
+          + (f" (torch module call: {toy['torch_us']:.1f} us)" if "torch_us" in toy else ""))
+    g = best_gemm_gflops()
+    results["gemm"] = g
+    peak = nominal_peak()
+    results["nominal_peak_gflops"] = peak
+    best = max(v for k, v in g.items() if isinstance(v, float))
+    print(f"best float32 GEMM 4096x768x3072, {THREADS} threads: "
+          + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in g.items() if isinstance(v, float))
+          + f"  [numpy BLAS: {g['numpy_blas']}]")
+    if peak:
+        print(f"nominal FMA peak (cpuinfo MHz x cores x 2 FMA x 16 lanes x 2): {peak:.1f} GFLOP/s")
+    big = [r for r in results["points"] if r["d"] == 768 and r["T"] == 4096]
+    if big:
+        gf = big[0]["gflops"]
+        print(f"d_model=768, T=4096 causal: {gf:.1f} GFLOP/s = {100 * gf / best:.0f}% of the best measured GEMM"
+              + (f", {100 * gf / peak:.0f}% of the nominal peak" if peak else ""))
+    if not args.no_memory:
+        for T in (4096, 32768):
+            m = memory(T)
+            results[f"memory_T{T}"] = m
+            if "error" in m:
+                print(f"memory d_model=768 T={T}: failed: {m['error']}")
+            else:
+                print(f"memory d_model=768 T={T}: peak RSS {m['peak_mib']:.0f} MiB, baseline after import "
+                      f"+ warmup {m['base_mib']:.0f} MiB, above baseline {m['above_base_mib']:.0f} MiB "
+                      f"(weights and input included); forward took {m['seconds']:.2f} s, finite={m['finite']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
