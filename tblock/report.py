@@ -115,7 +115,7 @@ class ReportOptions:
 MODES = {
     # (T_max in d_model, points per doubling of T, repeats, min_repeat_s, target_s, point budget s)
     "quick": (8, 1, 3, 0.01, 0.1, 10.0),
-    "full": (16, 2, 7, 0.05, 1.0, 120.0),
+    "full": (16, 2, 7, 0.05, 0.5, 120.0),
 }
 
 
@@ -163,7 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one backend may spend on one T; larger T are skipped once exceeded "
                         "(default 10 quick, 120 full)")
     p.add_argument("--target-time", type=float, default=None,
-                   help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 1 full)")
+                   help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 0.5 full)")
     p.add_argument("--ceiling-sizes", default=None,
                    help="comma-separated n of the n x n GEMMs that measure the ceiling (default 512,1024,2048)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
