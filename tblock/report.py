@@ -105,7 +105,7 @@ class ReportOptions:
     repeats: int = 3
     min_repeat_s: float = 0.01      # tiny calls are looped until one repeat lasts this long
     target_s: float = 0.1           # cheap points get more repeats, up to about this long
-    point_budget_s: float = 6.0     # a backend stops once one T would take longer than this
+    point_budget_s: float = 10.0    # a backend stops once one T would take longer than this
     mem_limit_bytes: int = 2 << 30  # skip a component whose (n_heads, T, T) arrays would exceed it
     ceiling_sizes: tuple = (512, 1024, 2048)
     plots: bool = True
@@ -537,10 +537,15 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
                     row.update(status="skipped", reason=f"needs about {mem / 2**30:.1f} GiB "
                                                          f"(> {opts.mem_limit_bytes / 2**30:.1f} GiB limit)")
                 else:
-                    m = measure(cs.fns[c], inputs[c], opts.repeats, opts.min_repeat_s, opts.target_s)
-                    row.update(status="ok", **m)
-                    row["gflops"] = row["flops"] / m["median_s"] / 1e9
-                    last.append(row)
+                    try:
+                        m = measure(cs.fns[c], inputs[c], opts.repeats, opts.min_repeat_s, opts.target_s)
+                    except Exception as e:
+                        # one broken component must not cost the whole run: it is reported
+                        row.update(status="error", reason=f"{type(e).__name__}: {e}"[:300])
+                    else:
+                        row.update(status="ok", **m)
+                        row["gflops"] = row["flops"] / m["median_s"] / 1e9
+                        last.append(row)
                 rec["results"].append(row)
                 if progress:
                     progress.step(f"{b} T={T} {c}")
@@ -809,7 +814,7 @@ def render_markdown(data: dict) -> str:
                 if r is None or r["status"] == "n/a":
                     cells.append("n/a")
                 elif r["status"] != "ok":
-                    cells.append(f"skipped ({r['reason']})")
+                    cells.append(f"{r['status']} ({r['reason']})")
                 else:
                     cells.append(f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s · {r['pct_ceiling']:.0f}%")
             a, f = by_T[T].get("attention"), by_T[T].get("ffn")
@@ -1113,6 +1118,10 @@ def run_report(opts: ReportOptions, command: str = "tblock report", out=print, p
     skipped = {b: sorted(set(r["skipped"].values())) for b, r in data["backends"].items() if r["skipped"]}
     for b, why in skipped.items():
         out(f"note: {b}: {'; '.join(why)}")
+    for b, rec in data["backends"].items():
+        for r in rec["results"]:
+            if r["status"] == "error":
+                out(f"error: {b} {r['component']} at T={r['T']}: {r['reason']}")
     busy = load_warning(data["machine"])
     if busy:
         out(f"warning: {busy}")

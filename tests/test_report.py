@@ -321,3 +321,25 @@ def test_without_matplotlib_the_report_says_so_and_skips_the_plots(tiny_report, 
     assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
     assert "matplotlib is not installed" in (out / "report.md").read_text()
     assert json.loads((out / "report.json").read_text())["plots"]["files"] == []
+
+
+def test_a_failing_component_is_reported_not_fatal(monkeypatch, tmp_path, capsys):
+    real = components.prepare
+
+    def prepare(backend, cfg, weights, dtype):
+        cs = real(backend, cfg, weights, dtype)
+        if backend == "numpy":
+            def broken(X):
+                raise FloatingPointError("simulated kernel failure")
+            cs.fns["ffn"] = broken
+        return cs
+    monkeypatch.setattr(components, "prepare", prepare)
+    rc, out, err = run_cli(["report", "--d-model", "16", "--n-heads", "2", "--T-list", "4", "--backends", "numpy",
+                            "--repeats", "1", "--target-time", "0", "--ceiling-sizes", "32", "--no-plots",
+                            "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0
+    assert "error: numpy ffn at T=4: FloatingPointError: simulated kernel failure" in out
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    rows = {r["component"]: r for r in data["backends"]["numpy"]["results"]}
+    assert rows["ffn"]["status"] == "error" and rows["block"]["status"] == "ok"
+    assert "error (FloatingPointError" in (tmp_path / "r" / "report.md").read_text()
