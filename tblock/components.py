@@ -13,7 +13,8 @@ The components, and the input each callable takes (``make_inputs`` builds them):
     attention       the MHA sublayer: QKV projection, the core,      X
                     output projection (no LayerNorm, no residual)
     ffn             the FFN sublayer: up, activation, down           X
-    block           the whole block through tblock.forward           X
+    block           the whole block: tblock.forward (for torch,      X
+                    the nanoGPT-style Block module)
 
 ``attention_core`` is not a sublayer of its own but it is what ``tblock.crossover_T``
 models (scores + AV against the FFN's two matmuls), so timing it separately lets the
