@@ -241,27 +241,32 @@ def _numpy_components(cfg, weights, dtype):
 
 # ---------------------------------------------------------------------------------------
 # numba: the fused block (tblock.kernels.block) runs LN, QKV, attention, W_O, FFN and the
-# residuals in one compiled call, so its parts are driven here stage by stage with the
-# same kernels, tiles and task split as the block's own stages
+# residuals in one compiled call. Its attention core is exposed on its own
+# (kernels.block.attention_core); the projections and the FFN are driven here with the
+# block's own kernels, tiles and task split
 
 try:
     import numba
     from numba import njit, prange
 
     from .kernels.activations import ACTIVATION_CODES, bias_act_rows
-    from .kernels.attention import flash_rows, pack_kt
-    from .kernels.block import BK, BQ, KC, MC, MF, weight_layout
+    from .kernels.block import KC, MC, MF, attention_core as nb_attention_core, weight_layout
     from .kernels.gemm import NV, gemm_block
     from .kernels.layernorm import layernorm_rows
-    from .kernels.options import FASTMATH
+    from .kernels.options import JIT
     from .kernels.simd import lanes
     from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
-except Exception as e:      # not there yet, or broken: the components become n/a, not an error
+except Exception as e:      # not there, or broken: these components become n/a, not an error
     _NUMBA_KERNELS_MISSING = f"tblock.kernels cannot be used ({type(e).__name__}: {e})"
 else:
     _NUMBA_KERNELS_MISSING = None
 
-    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
+    # Numba's on-disk cache is keyed on this file alone: after a change to the kernels
+    # these drivers would keep the old kernels compiled in, so they are not cached
+    # (their compile time shows in the report as first-call overhead).
+    DRIVER_JIT = {**JIT, "cache": False}
+
+    @njit(parallel=True, **DRIVER_JIT)
     def _nb_projection(A, lda, rows, K, Wf, b_off, N, C, ldc):
         """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), tiled like
         the block's QKV and W_O stages: MC-row blocks, split by columns when few."""
@@ -275,34 +280,7 @@ else:
             gemm_block(A, 0, lda, r0, min(rows, r0 + MC), Wf, b_off, K, N,
                        g * npn // groups, (g + 1) * npn // groups, C, 0, ldc, False, KC)
 
-    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
-    def _nb_core(qkv, T, d, n_heads, causal):
-        """The block's stages 2 and 3 on one sequence: K^T panels per head, then flash
-        attention per (head, query tile), each head's output over its Q columns of qkv
-        ((T, 3d) rows [Q | K | V], plus NR zeros of padding)."""
-        NR = NV * lanes(qkv)
-        dk = d // n_heads
-        ld = 3 * d
-        scale = 1.0 / np.sqrt(dk)
-        ktn = ((T + NR - 1) // NR) * dk * NR
-        kt = np.empty(n_heads * ktn, dtype=qkv.dtype)
-        for h in prange(n_heads):
-            pack_kt(qkv, d + h * dk, ld, T, dk, kt, h * ktn)
-        nqt = (T + BQ - 1) // BQ
-        ldo = ((dk + NR - 1) // NR) * NR
-        for t in prange(n_heads * nqt):
-            qt = nqt - 1 - t // n_heads          # the costly causal tiles first
-            h = t % n_heads
-            q0 = qt * BQ
-            q1 = min(T, q0 + BQ)
-            S = np.empty(BQ * BK, dtype=qkv.dtype)
-            O = np.empty(BQ * ldo, dtype=qkv.dtype)
-            mrow = np.empty(BQ)
-            lrow = np.empty(BQ)
-            flash_rows(qkv, ld, 0, T, h * dk, 2 * d + h * dk, dk, kt, h * ktn, q0, q1, causal,
-                       scale, BK, S, O, ldo, mrow, lrow, qkv, q0 * ld + h * dk, ld)
-
-    @njit(fastmath=FASTMATH, cache=True, nogil=True, parallel=True)
+    @njit(parallel=True, **DRIVER_JIT)
     def _nb_ffn(X, Wf, rows, d, dff, act, out):
         """The block's stage 5 without its LayerNorm and residual: per MF-row tile,
         up-projection, bias + activation on the tile, down-projection, + b_ff2."""
@@ -334,7 +312,7 @@ def _numba_components(cfg, weights, dtype):
     # the backend's own packed weights, under its own cache key: one copy, one layout
     Wf = weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
     d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads
-    NR = NV * 64 // dtype.itemsize
+    NR = NV * 64 // dtype.itemsize      # the panel width the packing used
     o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
     act = ACTIVATION_CODES[cfg.activation]
     no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)
@@ -360,24 +338,19 @@ def _numba_components(cfg, weights, dtype):
             masked_softmax_rows(S[h], 1.0, kind, no_add, no_keep, out[h])
         return out
 
-    def qkv_buffer(T):
-        qkv = np.empty(T * 3 * d + NR, dtype=dtype)
-        qkv[T * 3 * d:] = 0       # flash_rows reads up to NR-1 elements past the last V row
-        return qkv
-
     def attention_core(Q, K, V):
+        # the block keeps Q, K, V as rows [Q | K | V] of one buffer: the copy in is O(T d)
         T = Q.shape[0]
-        qkv = qkv_buffer(T)
-        rows = qkv[:T * 3 * d].reshape(T, 3 * d)
+        rows = np.empty((T, 3 * d), dtype=dtype)
         rows[:, :d], rows[:, d:2 * d], rows[:, 2 * d:] = Q, K, V
-        parallel(_nb_core, qkv, T, d, n_heads, cfg.causal)
+        parallel(nb_attention_core, rows.reshape(-1), T, d, n_heads, cfg.causal)
         return rows[:, :d]
 
     def attention(X):
         T = X.shape[0]
-        qkv = qkv_buffer(T)
+        qkv = np.empty(T * 3 * d, dtype=dtype)
         parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv, 3 * d, qkv, 3 * d)
-        parallel(_nb_core, qkv, T, d, n_heads, cfg.causal)
+        parallel(nb_attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
         parallel(_nb_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
         return out
@@ -391,8 +364,9 @@ def _numba_components(cfg, weights, dtype):
     cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core,
                   attention=attention, ffn=ffn)
     cs.square = "causal"        # flash_rows never visits key tiles above the diagonal
-    cs.notes.append("numba: the block is one fused compiled call (tblock.forward); attention, its core and "
-                    "the FFN are driven stage by stage here with the block's own kernels and tiles; "
+    cs.notes.append("numba: the block is one fused compiled call (tblock.forward); the attention core is "
+                    "the block's own kernels.block.attention_core; the projections and the FFN are driven "
+                    "here with the block's kernels and tiles (not cached: compiled on the first call); "
                     "layernorm and softmax are the serial row kernels (the fused attention never "
                     "materialises the scores: its online softmax runs on tiles)")
     return cs
