@@ -105,16 +105,16 @@ class ReportOptions:
     repeats: int = 3
     min_repeat_s: float = 0.01      # tiny calls are looped until one repeat lasts this long
     target_s: float = 0.1           # cheap points get more repeats, up to about this long
-    point_budget_s: float = 10.0    # a backend stops once one T would take longer than this
+    point_budget_s: float = 8.0     # a backend stops once one T would take longer than this
     mem_limit_bytes: int = 2 << 30  # skip a component whose (n_heads, T, T) arrays would exceed it
-    ceiling_sizes: tuple = (512, 1024, 2048)
+    ceiling_sizes: tuple = (1024, 2048)
     plots: bool = True
     seed: int = 0
 
 
 MODES = {
     # (T_max in d_model, points per doubling of T, repeats, min_repeat_s, target_s, point budget s)
-    "quick": (8, 1, 3, 0.01, 0.1, 10.0),
+    "quick": (8, 1, 3, 0.01, 0.1, 8.0),
     "full": (16, 2, 7, 0.05, 0.5, 120.0),
 }
 
@@ -161,11 +161,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median reported)")
     p.add_argument("--point-budget", type=float, default=None,
                    help="seconds one backend may spend on one T; larger T are skipped once exceeded "
-                        "(default 10 quick, 120 full)")
+                        "(default 8 quick, 120 full)")
     p.add_argument("--target-time", type=float, default=None,
                    help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 0.5 full)")
     p.add_argument("--ceiling-sizes", default=None,
-                   help="comma-separated n of the n x n GEMMs that measure the ceiling (default 512,1024,2048)")
+                   help="comma-separated n of the n x n GEMMs that measure the ceiling "
+                        "(default 1024,2048; --full adds 512 and 3072)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print two saved report.json side by side with ratios, then exit")
@@ -250,7 +251,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         raise ReportError(f"--point-budget must be > 0 seconds, got {args.point_budget}")
     if args.target_time is not None and not args.target_time >= 0:
         raise ReportError(f"--target-time must be >= 0 seconds, got {args.target_time}")
-    ceiling_sizes = (512, 1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072)
+    ceiling_sizes = (1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072)
     if args.ceiling_sizes is not None:
         try:
             ceiling_sizes = tuple(int(x) for x in args.ceiling_sizes.split(",") if x.strip())
@@ -510,6 +511,7 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
         rec = per_backend[b] = {"compute_dtype": str(cs.compute_dtype), "square": cs.square, "prepare_s": cs.prepare_s,
                                 "notes": list(cs.notes), "missing": dict(cs.missing), "skipped": {}, "results": []}
         time.sleep(0.2)     # let the previous backend's pools fall asleep
+        t_backend = time.perf_counter()
         stopped, last = None, []
         for T in opts.T_list:
             if stopped is None and last:
@@ -550,6 +552,7 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
                 if progress:
                     progress.step(f"{b} T={T} {c}")
             del inputs
+        rec["sweep_s"] = time.perf_counter() - t_backend
     return {"config": {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_k": cfg.d_k, "d_ff": cfg.d_ff,
                        "causal": cfg.causal, "norm": cfg.norm, "activation": cfg.activation,
                        "dtype": str(dtype), "batch": 1},
@@ -708,7 +711,10 @@ def render_markdown(data: dict) -> str:
           f"- **Parameters per block**: {data['params']['config']:,}; the lesson's toy (d_model=8, d_ff=32) "
           f"{data['params']['toy']} (lesson: 808), {data['params']['toy_ln_affine']} with LN affines (lesson: 840).",
           f"- **Sweep** ({opts['mode']}): T = {', '.join(str(T) for T in data['T'])}; median of {opts['repeats']} "
-          f"repeats after two warm-up calls; backends: {', '.join(data['backends'])}."]
+          f"repeats after two warm-up calls; backends: {', '.join(data['backends'])}."
+          + (" Time spent: ceilings {:.0f} s, ".format(data["clock"]["ceilings_s"])
+             + ", ".join(f"{b} {t:.0f} s" for b, t in data["clock"]["sweep_s"].items()) + "."
+             if data.get("clock") else "")]
     busy = load_warning(m)
     if busy:
         L += [f"- **Warning**: {busy}"]
@@ -1033,12 +1039,19 @@ def prepare_all(opts: ReportOptions) -> dict:
 def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dict:
     t_start = time.perf_counter()
     data = {"schema": SCHEMA, "command": command, "options": asdict(opts), "machine": machine_info()}
+    clock = {}                   # where the report's own time goes
+    t0 = time.perf_counter()
     sets = prepare_all(opts)
+    clock["prepare_s"] = time.perf_counter() - t0
     with pinned_threads(opts.threads, "torch" in opts.backends) as threads:
         data["threads"] = threads
+        t0 = time.perf_counter()
         data["ceilings"] = gemm_ceilings(opts.ceiling_sizes, repeats=3, with_torch="torch" in opts.backends)
+        clock["ceilings_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         data["worked_example"] = {b: [[q, _jsonable(lesson), _jsonable(ours)] for q, lesson, ours
                                       in worked_example_rows(b)] for b in opts.backends if b in api.BACKEND_MODULES}
+        clock["worked_example_s"] = time.perf_counter() - t0
         steps = len(opts.T_list) * len(opts.backends) * len(COMPONENTS)
         progress = Progress(steps, progress_stream)
         try:
@@ -1060,6 +1073,8 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     data["machine"]["loadavg_end"] = list(load) if load else None
     data["elapsed_s"] = time.perf_counter() - t_start
+    clock["sweep_s"] = {b: rec["sweep_s"] for b, rec in data["backends"].items()}
+    data["clock"] = clock
     data["plots"] = {"files": [], "reason": "not written yet"}
     return data
 
