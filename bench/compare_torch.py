@@ -84,13 +84,22 @@ def _timed(f):
     return time.perf_counter() - t
 
 
+# After a parallel region, OpenMP worker threads (torch's, and Numba's "omp" layer) spin
+# for a few milliseconds before they sleep; a call started meanwhile shares the cores
+# with them.  A pause before each timed call keeps one library's spinning out of the
+# other's measurement.
+PAUSE_S = 0.02
+
+
 def side_by_side(fa, fb, min_reps, budget_s):
     """Alternate fa and fb; at least min_reps each, more while within budget_s."""
     ta, tb = [], []
     fa(), fb()                                  # warm caches and allocators
     start = time.perf_counter()
     while len(ta) < min_reps or (time.perf_counter() - start < budget_s and len(ta) < 200):
+        time.sleep(PAUSE_S)
         ta.append(_timed(fa))
+        time.sleep(PAUSE_S)
         tb.append(_timed(fb))
     return np.median(ta), np.median(tb), len(ta)
 

@@ -127,3 +127,38 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
         inv = 1.0 / lrow[i]
         for c in range(dk):
             out[out_off + i * ldout + c] = O[i * ldv + c] * inv
+
+
+@njit(**JIT)
+def attention_rows_direct(X, ldx, q_off, k_off, v_off, T, dk, causal, scale, srow, out,
+                          out_off, ldout):
+    """Attention of one head for short sequences, one query at a time: scores over the
+    allowed keys into srow (>= T, float64), max-subtracted softmax, weighted sum of V.
+    No packing and no tiles: for T up to a few dozen the tiled kernel's set-up costs
+    more than this whole loop (the lesson's T=4 block).  Q[t, c] = X.flat[q_off + t*ldx
+    + c], K at k_off, V at v_off; writes out.flat[out_off + i*ldout + c]."""
+    for i in range(T):
+        n = i + 1 if causal else T
+        qi = q_off + i * ldx
+        m = -math.inf
+        for j in range(n):
+            kj = k_off + j * ldx
+            s = 0.0
+            for c in range(dk):
+                s += X[qi + c] * X[kj + c]
+            s *= scale
+            srow[j] = s
+            if s > m:
+                m = s
+        total = 0.0
+        for j in range(n):
+            e = math.exp(srow[j] - m)
+            srow[j] = e
+            total += e
+        inv = 1.0 / total
+        o = out_off + i * ldout
+        for c in range(dk):
+            acc = 0.0
+            for j in range(n):
+                acc += srow[j] * X[v_off + j * ldx + c]
+            out[o + c] = acc * inv

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import bias_act_rows
-from .attention import flash_rows, pack_kt, pack_rows
+from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import NV, gemm_block, micro_kernel  # noqa: F401  (micro_kernel: warm-up)
 from .layernorm import layernorm_rows
 from .options import JIT
@@ -48,6 +48,7 @@ KC = 128      # k block of the GEMMs: a 128 x 64 float32 panel slice is 32 KiB, 
 BQ = 96       # queries per attention task (a multiple of the micro-kernel's 6 rows)
 BK = 128      # keys per attention tile (a multiple of NR for both dtypes)
 MF = 48       # rows per FFN task: a 48 x 3072 float32 hidden tile is 576 KiB, in L2
+T_DIRECT = 32  # up to this T, attention runs per query without tiles (attention_rows_direct)
 
 
 @njit(**JIT)
@@ -119,14 +120,32 @@ def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
     q0 = qt * BQ
     q1 = min(T, q0 + BQ)
     dt = qkv.dtype
-    Qt = np.empty(BQ * dk, dtype=dt)
-    S = np.empty(BQ * BK, dtype=dt)
-    O = np.empty(BQ * ldv, dtype=dt)
-    mrow = np.empty(BQ)
-    lrow = np.empty(BQ)
+    # scratch sized to this tile (a short sequence needs far less than BQ x BK)
+    m = q1 - q0
+    bk = min(BK, (T + NR - 1) // NR * NR)
+    Qt = np.empty(m * dk, dtype=dt)
+    S = np.empty(m * bk, dtype=dt)
+    O = np.empty(m * ldv, dtype=dt)
+    mrow = np.empty(m)
+    lrow = np.empty(m)
     flash_rows(qkv, ld, b * T * ld + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
-               q0, q1, causal, 1.0 / np.sqrt(dk), BK, Qt, S, O, mrow, lrow,
+               q0, q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
                qkv, (b * T + q0) * ld + h * dk, ld)
+
+
+@njit(**JIT)
+def attention_direct_task(qkv, T, d, n_heads, causal, t):
+    """Stages 2+3 for a short sequence (T <= T_DIRECT): head h = t % n_heads of
+    sequence b = t // n_heads, output over its Q columns (attention_rows_direct
+    computes each query's row completely before writing it, from its own Q)."""
+    dk = d // n_heads
+    ld = 3 * d
+    b = t // n_heads
+    h = t % n_heads
+    base = b * T * ld + h * dk
+    srow = np.empty(T)
+    attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
+                          srow, qkv, base, ld)
 
 
 @njit(parallel=True, **JIT)
@@ -134,8 +153,12 @@ def attention_core(qkv, T, d, n_heads, causal):
     """Stages 2 and 3 of the block on their own: qkv is the flat (B*T, 3d) buffer of
     projection rows [Q | K | V]; each head's attention output replaces its Q columns.
     (For callers that time the attention core alone; the block does the same inline.)"""
-    kt, vp = attention_buffers(qkv, T, d, n_heads)
     nbh = qkv.size // (3 * d) // T * n_heads
+    if T <= T_DIRECT:
+        for t in prange(nbh):
+            attention_direct_task(qkv, T, d, n_heads, causal, t)
+        return
+    kt, vp = attention_buffers(qkv, T, d, n_heads)
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ((T + BQ - 1) // BQ)):
@@ -173,15 +196,19 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps):
         else:
             gemm_block(H, 0, d, r0, r1, Wf, o_qkv, d, ld, p0, p1, qkv, 0, ld, False, KC)
 
-    # 2. per (sequence, head): K^T panels, V rows made contiguous
-    kt, vp = attention_buffers(qkv, T, d, n_heads)
-    for t in prange(nseq * n_heads):
-        pack_head(qkv, T, d, n_heads, t, kt, vp)
-
-    # 3. attention per (sequence, head, query tile), the costly causal tiles first
-    nqt = (T + BQ - 1) // BQ
-    for t in prange(nseq * n_heads * nqt):
-        attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
+    if T <= T_DIRECT:
+        # 2+3 for short sequences: one task per (sequence, head), no packing
+        for t in prange(nseq * n_heads):
+            attention_direct_task(qkv, T, d, n_heads, causal, t)
+    else:
+        # 2. per (sequence, head): K^T panels, V rows made contiguous
+        kt, vp = attention_buffers(qkv, T, d, n_heads)
+        for t in prange(nseq * n_heads):
+            pack_head(qkv, T, d, n_heads, t, kt, vp)
+        # 3. attention per (sequence, head, query tile), the costly causal tiles first
+        nqt = (T + BQ - 1) // BQ
+        for t in prange(nseq * n_heads * nqt):
+            attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
 
     # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv)
     npo = (d + NR - 1) // NR

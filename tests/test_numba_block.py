@@ -1,0 +1,209 @@
+"""The numba backend against the NumPy oracle (and the C reference when it is built).
+
+Errors are measured relative to the largest magnitude of each expected output:
+max|got - expected| / max|expected|.  float64 must agree to 1e-10; float32 runs are
+compared with the float64 oracle on the same (exactly representable) inputs and
+weights, so the error is float32's own rounding plus the weights' rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tblock
+from tblock.api import TRACE_NAMES
+
+F64_TOL = 1e-10
+# float32 against the float64 oracle on the same values: measured over 1,500 random
+# configs of this file's generator (T <= 512, d_model <= 256): median 2.4e-7, max 9.6e-6;
+# the worst cases have d_model = 2 or 3, where LayerNorm over 2-3 values amplifies the
+# rounding of nearly equal entries.  Bound with 5x margin:
+F32_TOL = 5e-5
+
+
+def rel_err(got, want):
+    want = np.asarray(want, dtype=np.float64)
+    scale = np.abs(want).max()
+    return float(np.abs(np.asarray(got, dtype=np.float64) - want).max() / (scale if scale > 0 else 1.0))
+
+
+def random_weights(cfg, seed, nonzero_extras=True):
+    """init_weights, with random nonzero biases and LayerNorm affines when the config has
+    them; float64 arrays holding float32-representable values, so that one oracle run
+    is the exact reference for both dtypes."""
+    w = tblock.init_weights(cfg, seed, dtype=np.float64)
+    a = w.arrays()
+    rng = np.random.default_rng(seed + 1)
+    if nonzero_extras:
+        for k in ("b_ff1", "b_ff2", "ln1_beta", "ln2_beta"):
+            if k in a:
+                a[k] = rng.standard_normal(a[k].shape) * 0.5
+        for k in ("ln1_gamma", "ln2_gamma"):
+            if k in a:
+                a[k] = 1.0 + rng.standard_normal(a[k].shape) * 0.3
+    return tblock.BlockWeights(**{k: v.astype(np.float32).astype(np.float64) for k, v in a.items()})
+
+
+@st.composite
+def block_cases(draw, max_T=512, max_d=256):
+    d_k = draw(st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 24, 32, 33, 64]))
+    n_heads = draw(st.integers(1, max(1, min(8, max_d // d_k))))
+    d = d_k * n_heads
+    d_ff = draw(st.one_of(st.none(), st.integers(1, 300)))
+    cfg = tblock.BlockConfig(
+        d_model=d, n_heads=n_heads, d_ff=d_ff,
+        causal=draw(st.booleans()), norm=draw(st.sampled_from(["pre", "post"])),
+        activation=draw(st.sampled_from(["gelu_tanh", "gelu_erf", "relu"])),
+        ffn_bias=draw(st.booleans()), ln_affine=draw(st.booleans()))
+    T = draw(st.one_of(st.integers(1, 40), st.integers(41, max_T)))
+    B = draw(st.integers(1, 3))
+    layout = draw(st.sampled_from(["2d", "3d", "strided", "fortran"]))
+    seed = draw(st.integers(0, 2**16))
+    return cfg, T, B, layout, seed
+
+
+def make_input(T, B, d, layout, seed, dtype):
+    """Random input in one of four memory layouts, float32-representable values."""
+    rng = np.random.default_rng(seed)
+    if layout == "2d":
+        return rng.standard_normal((T, d)).astype(dtype)
+    if layout == "3d":
+        return rng.standard_normal((B, T, d)).astype(dtype)
+    if layout == "strided":      # every other token and a reversed batch: not contiguous
+        return rng.standard_normal((B, 2 * T, d)).astype(dtype)[::-1, ::2, :]
+    return np.asfortranarray(rng.standard_normal((B, T, d)).astype(dtype))
+
+
+def check_against_oracle(cfg, T, B, layout, seed, trace):
+    w = random_weights(cfg, seed)
+    H = make_input(T, B, cfg.d_model, layout, seed, np.float32).astype(np.float64)
+    H_before = H.copy()
+    if trace:
+        want, want_tr = tblock.forward(H, w, cfg, backend="numpy", trace=True)
+        got, got_tr = tblock.forward(H, w, cfg, backend="numba", trace=True)
+        for name in TRACE_NAMES:
+            assert rel_err(getattr(got_tr, name), getattr(want_tr, name)) < F64_TOL, name
+    else:
+        want = tblock.forward(H, w, cfg, backend="numpy")
+        got = tblock.forward(H, w, cfg, backend="numba")
+    assert got.shape == H.shape and got.dtype == np.float64
+    assert rel_err(got, want) < F64_TOL
+    np.testing.assert_array_equal(H, H_before)             # input not modified
+    # float32 in, float32 out, against the float64 oracle on the same values
+    got32 = tblock.forward(H.astype(np.float32), w, cfg, backend="numba")
+    assert got32.dtype == np.float32 and got32.shape == H.shape
+    assert rel_err(got32, want) < F32_TOL
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_cases())
+def test_numba_matches_oracle(case):
+    check_against_oracle(*case, trace=False)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_cases(max_T=160, max_d=96))
+def test_numba_trace_matches_oracle(case):
+    check_against_oracle(*case, trace=True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_long_sequence_T4096(causal):
+    cfg = tblock.BlockConfig(d_model=40, n_heads=2, causal=causal, ffn_bias=True, ln_affine=True)
+    w = random_weights(cfg, 3)
+    H = np.random.default_rng(4).standard_normal((4096, 40)).astype(np.float32).astype(np.float64)
+    want = tblock.forward(H, w, cfg, backend="numpy")
+    assert rel_err(tblock.forward(H, w, cfg, backend="numba"), want) < F64_TOL
+    assert rel_err(tblock.forward(H.astype(np.float32), w, cfg, backend="numba"), want) < F32_TOL
+
+
+def test_named_edge_shapes():
+    """One head, d_k = 1, d_model not a multiple of 8, T = 1, d_ff = 1."""
+    for kw, T in [(dict(d_model=1, n_heads=1), 7), (dict(d_model=5, n_heads=5), 9),
+                  (dict(d_model=12, n_heads=1, d_ff=1), 1), (dict(d_model=130, n_heads=2), 131)]:
+        cfg = tblock.BlockConfig(**kw)
+        w = random_weights(cfg, 0)
+        H = np.random.default_rng(0).standard_normal((T, cfg.d_model))
+        assert rel_err(tblock.forward(H, w, cfg, backend="numba"), tblock.forward(H, w, cfg, backend="numpy")) < F64_TOL
+
+
+# ------------------------------------------------------------------ the lesson's example
+
+
+def test_worked_example_output_and_trace():
+    ex = tblock.load_worked_example()
+    out, tr = tblock.forward(ex.H_in, ex.weights, ex.cfg, backend="numba", trace=True)
+    np.testing.assert_allclose(tblock.forward(ex.H_in, ex.weights, ex.cfg, backend="numba"),
+                               ex.expected["H_out"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out, ex.expected["H_out"], rtol=0, atol=1e-12)
+    for name in TRACE_NAMES:
+        if name == "A":
+            np.testing.assert_allclose(tr.A[0], ex.expected["A_1"], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(tr.A[1], ex.expected["A_2"], rtol=0, atol=1e-12)
+        else:
+            np.testing.assert_allclose(getattr(tr, name), ex.expected[name], rtol=0, atol=1e-12, err_msg=name)
+
+
+def test_default_backend_runs_the_worked_example():
+    ex = tblock.load_worked_example()
+    np.testing.assert_allclose(tblock.forward(ex.H_in, ex.weights, ex.cfg), ex.expected["H_out"], rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ C reference
+
+
+needs_c = pytest.mark.skipif("c" not in tblock.available_backends(),
+                             reason="the C reference (backend 'c') is not built in this installation")
+
+
+@needs_c
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_cases(max_T=256, max_d=128))
+def test_numba_matches_c_reference(case):
+    cfg, T, B, layout, seed = case
+    w = random_weights(cfg, seed)
+    H = make_input(T, B, cfg.d_model, layout, seed, np.float64)
+    want = tblock.forward(H, w, cfg, backend="c")
+    assert rel_err(tblock.forward(H, w, cfg, backend="numba"), want) < F64_TOL
+    assert rel_err(tblock.forward(H.astype(np.float32), w, cfg, backend="numba"),
+                   tblock.forward(H.astype(np.float32).astype(np.float64), w, cfg, backend="c")) < F32_TOL
+
+
+@needs_c
+def test_worked_example_matches_c_reference():
+    ex = tblock.load_worked_example()
+    got = tblock.forward(ex.H_in, ex.weights, ex.cfg, backend="numba")
+    np.testing.assert_allclose(got, tblock.forward(ex.H_in, ex.weights, ex.cfg, backend="c"), rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ dtypes and arguments
+
+
+def test_float32_in_float32_out_and_nothing_modified():
+    cfg = tblock.BlockConfig(d_model=48, n_heads=3, ffn_bias=True, ln_affine=True)
+    w = random_weights(cfg, 5)
+    w32 = tblock.BlockWeights(**{k: v.astype(np.float32) for k, v in w.arrays().items()})
+    before = {k: v.copy() for k, v in w32.arrays().items()}
+    H = np.random.default_rng(5).standard_normal((2, 300, 48)).astype(np.float32)
+    H0 = H.copy()
+    out = tblock.forward(H, w32, cfg, backend="numba")
+    assert out.dtype == np.float32 and out.shape == H.shape
+    np.testing.assert_array_equal(H, H0)
+    for k, v in w32.arrays().items():
+        np.testing.assert_array_equal(v, before[k])
+    # float64 weights with float32 input: computed in float32 as well
+    assert tblock.forward(H, w, cfg, backend="numba").dtype == np.float32
+    # and float32 weights with float64 input: computed in float64
+    assert tblock.forward(H.astype(np.float64), w32, cfg, backend="numba").dtype == np.float64
+
+
+def test_repeated_calls_are_deterministic():
+    cfg = tblock.BlockConfig(d_model=64, n_heads=4)
+    w = tblock.init_weights(cfg, 0)
+    H = np.random.default_rng(0).standard_normal((2, 700, 64)).astype(np.float32)
+    first = tblock.forward(H, w, cfg, backend="numba")
+    for _ in range(3):
+        np.testing.assert_array_equal(tblock.forward(H, w, cfg, backend="numba"), first)

@@ -1,0 +1,142 @@
+"""Kernel-level checks of tblock.kernels: masking, extreme values, the vector exp."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from numba import njit
+
+import tblock
+from tblock import oracle
+from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
+from tblock.kernels.layernorm import layernorm_rows
+from tblock.kernels.simd import lanes, vexp, vload_n, vstore_n
+from tblock.kernels.softmax import ADDITIVE, BOOLEAN, CAUSAL, NO_MASK, masked_softmax_rows
+
+NO_ADD = np.zeros((1, 1))
+NO_KEEP = np.zeros((1, 1), dtype=np.bool_)
+
+
+def reference_softmax(S, scale, allowed):
+    """Max-subtracted softmax over the allowed entries; a row with none gives zeros."""
+    out = np.zeros_like(S, dtype=np.float64)
+    for i in range(S.shape[0]):
+        keep = allowed[i] & np.isfinite(S[i])
+        if keep.any():
+            x = np.where(keep, S[i] * scale, -np.inf)
+            e = np.exp(x - x[keep].max())
+            out[i] = e / e.sum()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_masked_softmax_kinds(dtype):
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((7, 9)).astype(dtype) * 3
+    out = np.empty_like(S)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    # none and causal
+    masked_softmax_rows(S, 0.5, NO_MASK, NO_ADD, NO_KEEP, out)
+    np.testing.assert_allclose(out, reference_softmax(S, 0.5, np.ones(S.shape, bool)), atol=tol)
+    masked_softmax_rows(S, 0.5, CAUSAL, NO_ADD, NO_KEEP, out)
+    np.testing.assert_allclose(out, reference_softmax(S, 0.5, np.tril(np.ones(S.shape, bool))), atol=tol)
+    # boolean, with one row fully masked
+    keep = rng.random(S.shape) < 0.5
+    keep[3] = False
+    masked_softmax_rows(S, 1.0, BOOLEAN, NO_ADD, keep, out)
+    np.testing.assert_allclose(out, reference_softmax(S, 1.0, keep), atol=tol)
+    assert np.all(out[3] == 0) and np.isfinite(out).all()
+    np.testing.assert_allclose(out[keep.any(axis=1)].sum(axis=1), 1.0, atol=tol)
+    # additive: -inf drops entries, finite values shift them; a row of only -inf gives zeros
+    add = np.where(keep, rng.standard_normal(S.shape), -np.inf)
+    masked_softmax_rows(S, 1.0, ADDITIVE, add, NO_KEEP, out)
+    np.testing.assert_allclose(out, reference_softmax(S + add, 1.0, np.isfinite(add)), atol=tol)
+    assert np.all(out[3] == 0) and not np.isnan(out).any()
+
+
+def test_softmax_extreme_logits_stay_finite():
+    S = np.array([[1e4, -1e4, 0.0, 1e4 - 1], [-1e4, -1e4 - 5, -1e4 + 3, -1e4]])
+    out = np.empty_like(S)
+    masked_softmax_rows(S, 1.0, NO_MASK, NO_ADD, NO_KEEP, out)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, reference_softmax(S, 1.0, np.ones(S.shape, bool)), atol=1e-15)
+
+
+@njit
+def _exp_all(x, y):
+    W = lanes(x)
+    for i in range(0, x.size, W):
+        vstore_n(y, i, vexp(vload_n(x, i, x.size - i)), x.size - i)
+
+
+@pytest.mark.parametrize("dtype, ulps", [(np.float64, 2), (np.float32, 2)])
+def test_vector_exp_accuracy_and_edges(dtype, ulps):
+    lo, hi = (-708.0, 709.0) if dtype == np.float64 else (-87.0, 88.0)
+    x = np.concatenate([np.linspace(lo, hi, 100_003), np.random.default_rng(1).uniform(-5, 5, 10_000),
+                        [0.0, -0.0, 1e-30, -1e-30]]).astype(dtype)
+    y = np.empty_like(x)
+    _exp_all(x, y)
+    want = np.exp(x.astype(np.float64))
+    err_ulps = np.abs(y - want) / np.spacing(want.astype(dtype)).astype(np.float64)
+    assert err_ulps.max() <= ulps, err_ulps.max()
+    edge = np.array([-np.inf, np.inf, np.nan, lo - 1, -1e30, hi + 1], dtype=dtype)
+    out = np.empty_like(edge)
+    _exp_all(edge, out)
+    assert out[0] == 0 and out[1] == np.inf and np.isnan(out[2])
+    assert out[3] == 0 and out[4] == 0 and out[5] == np.inf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layernorm_rows_matches_oracle_and_constant_rows_stay_finite(dtype):
+    rng = np.random.default_rng(2)
+    for d in (1, 3, 16, 17, 100):
+        X = rng.standard_normal((5, d)).astype(dtype) * 7 + 3
+        X[1] = 2.5                                   # a constant row: var = 0
+        X[2] = 1e6                                   # constant and large
+        g = rng.standard_normal(d).astype(dtype)
+        b = rng.standard_normal(d).astype(dtype)
+        P = np.concatenate([g, b])
+        Y = np.empty_like(X)
+        layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, 5, d, P, 0, d, 1e-5)
+        assert np.isfinite(Y).all()
+        want = oracle.layernorm(X.astype(np.float64), g.astype(np.float64), b.astype(np.float64), 1e-5)
+        tol = 2e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(Y, want, atol=tol * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["gelu_tanh", "gelu_erf", "relu"])
+def test_bias_activation_matches_oracle(dtype, act):
+    rng = np.random.default_rng(3)
+    for n in (1, 15, 16, 17, 50):
+        X = (rng.standard_normal((3, n)) * 4).astype(dtype)
+        X[0, 0] = -30.0                  # deep in the negative tail
+        bias = rng.standard_normal(n).astype(dtype)
+        Y = X.copy()
+        bias_act_rows(Y.reshape(-1), 0, n, 3, n, bias, 0, ACTIVATION_CODES[act])
+        want = oracle.ACTIVATION[act]((X + bias).astype(np.float64))
+        tol = 2e-6 if dtype == np.float32 else 2e-15
+        np.testing.assert_allclose(Y, want, rtol=tol, atol=tol)
+
+
+def test_block_with_huge_logits_and_constant_rows():
+    """Scores around +-1e4 and constant input rows: finite and equal to the oracle."""
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2)
+    w = tblock.init_weights(cfg, 0, dtype=np.float64)
+    a = w.arrays()
+    a["w_q"] = a["w_q"] * 300.0
+    a["w_k"] = a["w_k"] * 300.0
+    w = tblock.BlockWeights(**a)
+    H = np.random.default_rng(0).standard_normal((40, 16))
+    H[5] = 3.0                                   # LN1 sees a constant row
+    _, tr = tblock.forward(H, w, cfg, backend="numpy", trace=True)
+    assert np.abs(tr.Q[:, :8] @ tr.K[:, :8].T).max() / np.sqrt(8) > 5e3   # logits really are ~1e4
+    for dtype in (np.float64, np.float32):
+        got = tblock.forward(H.astype(dtype), w, cfg, backend="numba")
+        assert np.isfinite(got).all()
+    got = tblock.forward(H, w, cfg, backend="numba")
+    want = tblock.forward(H, w, cfg, backend="numpy")
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-10
+    assert math.isfinite(float(tblock.forward(np.full((6, 16), 2.0), w, cfg, backend="numba").sum()))

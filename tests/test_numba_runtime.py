@@ -1,0 +1,72 @@
+"""The numba backend's runtime behaviour: threads, compilation, caching."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import tblock
+from tblock import _numba_backend as nb
+
+
+def test_four_threads_give_the_serial_results():
+    """Concurrent callers (parallel and serial sizes mixed) get exactly what one caller gets."""
+    cases = []
+    for i, (d, h, T) in enumerate([(64, 4, 600), (8, 2, 4), (96, 3, 257), (32, 1, 900)]):
+        cfg = tblock.BlockConfig(d_model=d, n_heads=h, causal=bool(i % 2))
+        w = tblock.init_weights(cfg, i)
+        H = np.random.default_rng(i).standard_normal((2, T, d)).astype(np.float32)
+        cases.append((cfg, w, H))
+    assert nb._block_flops(2, 600, 64, 256, False) >= nb.PARALLEL_MIN_FLOPS      # really parallel
+    assert nb._block_flops(2, 4, 8, 32, True) < nb.PARALLEL_MIN_FLOPS            # really serial
+    serial = [tblock.forward(H, w, cfg, backend="numba") for cfg, w, H in cases]
+
+    results, errors = {}, []
+    start = threading.Barrier(4)
+
+    def worker(k):
+        try:
+            start.wait()
+            for rep in range(6):
+                j = (k + rep) % len(cases)
+                cfg, w, H = cases[j]
+                results[(k, rep)] = (j, tblock.forward(H, w, cfg, backend="numba"))
+        except Exception as e:   # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 24
+    for j, out in results.values():
+        np.testing.assert_array_equal(out, serial[j])
+
+
+def test_warmup_compiles_everything_used_by_forward():
+    tblock.warmup()
+    from tblock.kernels.block import block_parallel, block_serial
+    before = (len(block_serial.signatures), len(block_parallel.signatures))
+    for dtype in (np.float32, np.float64):
+        cfg = tblock.BlockConfig(d_model=24, n_heads=3, norm="post", activation="relu")
+        w = tblock.init_weights(cfg, 1, dtype=dtype)
+        for T in (3, 2000):                       # the serial and the parallel variant
+            H = np.random.default_rng(0).standard_normal((T, 24)).astype(dtype)
+            tblock.forward(H, w, cfg, backend="numba")
+            tblock.forward(H[:5], w, cfg, backend="numba", trace=True)
+    assert (len(block_serial.signatures), len(block_parallel.signatures)) == before
+
+
+def test_prepared_weights_are_cached_per_dtype():
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2)
+    w = tblock.init_weights(cfg, 0)
+    H = np.zeros((3, 16), np.float32)
+    tblock.forward(H, w, cfg, backend="numba")
+    flat = w._cache[(nb._KEY, "f")]
+    tblock.forward(H, w, cfg, backend="numba")
+    assert w._cache[(nb._KEY, "f")] is flat and not flat.flags.writeable
+    tblock.forward(H.astype(np.float64), w, cfg, backend="numba")
+    assert w._cache[(nb._KEY, "d")].dtype == np.float64
