@@ -668,7 +668,11 @@ def flop_model(cfg_d: dict) -> dict:
 # report.md: a pure function of the JSON, so a saved report.json renders the same page
 
 def _ms(s):
-    return "-" if s is None else (f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs")
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
 
 
 def _flops(n):
@@ -1173,11 +1177,13 @@ def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
         ca, cb = a["ceilings"].get(dt), b["ceilings"].get(dt)
         if ca and cb:
             L.append(f"{dt + ' GEMM':<28}{ca['gflops']:>12.1f}{cb['gflops']:>12.1f}{cb['gflops'] / ca['gflops']:>8.2f}")
-    L += ["", f"{'crossover attention = FFN':<28}{'A T':>12}{'B T':>12}"]
+    L += ["", f"{'crossover T (measured)':<28}{'A sublayer':>12}{'B sublayer':>12}{'A core':>12}{'B core':>12}"]
     for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
-        xa = a["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
-        xb = b["backends"].get(be, {}).get("crossover", {}).get("attention_vs_ffn", {})
-        L.append(f"{be:<28}{_T(xa.get('T')):>12}{_T(xb.get('T')):>12}")
+        cells = []
+        for key in ("attention_vs_ffn", "core_vs_ffn"):
+            for d in (a, b):
+                cells.append(_T(d["backends"].get(be, {}).get("crossover", {}).get(key, {}).get("T")))
+        L.append(f"{be:<28}{cells[0]:>12}{cells[1]:>12}{cells[2]:>12}{cells[3]:>12}")
     L += ["", "median time per call in ms; B/A below 1: B is faster",
           f"{'backend':<8}{'component':<16}{'T':>7}{'A ms':>12}{'B ms':>12}{'B/A':>8}"]
     only = []
