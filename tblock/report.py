@@ -875,8 +875,9 @@ def load_warning(m: dict) -> str | None:
     loads = [x[0] for x in (m.get("loadavg_start"), m.get("loadavg_end")) if x]
     if loads and max(loads) > 0.5:
         return (f"the 1-minute load average reached {max(loads):.2f} on {m['usable_cores']} usable cores: other "
-                "processes competed for the cores, so the timings (multi-threaded ones most) are noisy; "
-                "rerun on a quiet machine for numbers to quote")
+                "processes competed for the cores, so the timings are noisy: a multi-threaded call waits at "
+                "each barrier for a thread that lost its core, often a whole scheduler tick (4 ms). Rerun on "
+                "a quiet machine for numbers to quote, or with --threads 1 for steadier single-core numbers")
     return None
 
 
