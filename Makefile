@@ -1,5 +1,5 @@
 # Everything a fresh machine with Python >= 3.10, gcc and make needs:
-#   make report   create .venv, install tblock into it, run `tblock report`
+#   make report   create .venv, install tblock into it, run `tblock report` (writes tblock-report/)
 #   make test     the same with the test extra, then the whole test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -10,9 +10,10 @@ BIN    := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# editable install: the compiled C reference and the sources stay in this checkout
+# editable install: the compiled C reference and the sources stay in this checkout;
+# the report extra brings the figures (matplotlib) and BLAS thread pinning (threadpoolctl)
 install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[report]"
 
 install-test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,plot]"
