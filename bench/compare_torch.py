@@ -86,21 +86,23 @@ def _timed(f):
 
 # After a parallel region, OpenMP worker threads (torch's, and Numba's "omp" layer) spin
 # for a few milliseconds before they sleep; a call started meanwhile shares the cores
-# with them.  A pause before each timed call keeps one library's spinning out of the
-# other's measurement.
-PAUSE_S = 0.02
+# with them.  So the two libraries run in alternating blocks of back-to-back calls, with
+# a pause between blocks and the first call of each block not counted: each library is
+# timed as it runs in a loop, and neither pays for the other's spinning threads.
+PAUSE_S = 0.05
 
 
 def side_by_side(fa, fb, min_reps, budget_s):
-    """Alternate fa and fb; at least min_reps each, more while within budget_s."""
+    """Alternate blocks of fa and fb calls; medians of at least min_reps calls each."""
     ta, tb = [], []
+    per_block = 4
     fa(), fb()                                  # warm caches and allocators
     start = time.perf_counter()
     while len(ta) < min_reps or (time.perf_counter() - start < budget_s and len(ta) < 200):
-        time.sleep(PAUSE_S)
-        ta.append(_timed(fa))
-        time.sleep(PAUSE_S)
-        tb.append(_timed(fb))
+        for f, out in ((fa, ta), (fb, tb)):
+            time.sleep(PAUSE_S)
+            f()                                 # wakes the thread pool; not counted
+            out.extend(_timed(f) for _ in range(per_block))
     return np.median(ta), np.median(tb), len(ta)
 
 

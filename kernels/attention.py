@@ -17,8 +17,10 @@ from numba import njit
 
 from .gemm import MR, NV, micro_kernel
 from .options import JIT
-from .simd import (lanes, vadd, vexp, vhmax, vhsum, vkeep, vload, vmax, vmul, vsplat, vstore,
-                   vsub)
+from .simd import (lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul,
+                   vsplat, vstore, vstore_n)
+
+LOG2E = 1.4426950408889634
 
 
 @njit(**JIT)
@@ -44,13 +46,15 @@ def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
 def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
     """Y[r, 0:n] = X[r, 0:n] and Y[r, n:ldy] = 0 for r < rows (a contiguous copy of a
     strided block, zero-padded to the row length ldy)."""
+    W = lanes(X)
+    zero = vsplat(Y, 0.0)
     for r in range(rows):
         src = x_off + r * ldx
         dst = y_off + r * ldy
-        for c in range(n):
-            Y[dst + c] = X[src + c]
-        for c in range(n, ldy):
-            Y[dst + c] = 0.0
+        for c in range(0, n, W):
+            vstore_n(Y, dst + c, vload_n(X, src + c, n - c), n - c)
+        for c in range(n, ldy, W):
+            vstore_n(Y, dst + c, zero, ldy - c)
 
 
 @njit(**JIT)
@@ -70,7 +74,8 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     NR = NV * W
     m = q1 - q0
     zero = vsplat(O, 0.0)
-    vscale = vsplat(S, scale)
+    c2 = scale * LOG2E
+    vc2 = vsplat(S, c2)
     pack_rows(X, q_off + q0 * ldx, ldx, m, dk, Qt, 0, dk)
     for i in range(m):
         mrow[i] = -math.inf
@@ -87,7 +92,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             for i in range(0, m, MR):
                 micro_kernel(Qt, i * dk, dk, 1, min(MR, m - i), Kt, pb, NR, dk,
                              S, i * BK + p * NR, BK, n, False)
-        # online softmax: new running max, rescale what was accumulated, P = exp(...)
+        # online softmax: new running max, rescale what was accumulated, P = 2^(...)
         for i in range(m):
             nv = kn
             if causal:
@@ -95,7 +100,10 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             row = i * BK
             mx = vsplat(S, -math.inf)
             for j in range(0, nv, W):
-                mx = vmax(mx, vkeep(vload(S, row + j), nv - j, -math.inf))
+                x = vload(S, row + j)
+                if j + W > nv:                      # masked or past-the-tile lanes
+                    x = vkeep(x, nv - j, -math.inf)
+                mx = vmax(mx, x)
             m_old = mrow[i]
             m_new = max(m_old, vhmax(mx))
             if m_new == -math.inf:
@@ -103,11 +111,13 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
                 for j in range(0, kn, W):
                     vstore(S, row + j, zero)
                 continue
-            vm = vsplat(S, m_new)
+            # exp((s - m) * scale) = 2^(s*c - m*c), c = scale * log2(e): one fma per lane
+            vneg = vsplat(S, -m_new * c2)
             acc = zero
             for j in range(0, kn, W):
-                p_ = vexp(vmul(vsub(vload(S, row + j), vm), vscale))
-                p_ = vkeep(p_, nv - j, 0.0)
+                p_ = vexp2(vfma(vload(S, row + j), vc2, vneg))
+                if j + W > nv:
+                    p_ = vkeep(p_, nv - j, 0.0)
                 vstore(S, row + j, p_)
                 acc = vadd(acc, p_)
             alpha = math.exp((m_old - m_new) * scale)     # 0 on the first contribution
@@ -124,9 +134,9 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
                              V, v_off + k0 * ldv + vp * NR, ldv, kn,
                              O, i * ldv + vp * NR, ldv, NR, True)
     for i in range(m):
-        inv = 1.0 / lrow[i]
-        for c in range(dk):
-            out[out_off + i * ldout + c] = O[i * ldv + c] * inv
+        vinv = vsplat(O, 1.0 / lrow[i])
+        for c in range(0, dk, W):
+            vstore_n(out, out_off + i * ldout + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
 
 
 @njit(**JIT)

@@ -343,3 +343,62 @@ def vexp(typingctx, v):
     def codegen(context, builder, sig, args):
         return _emit_exp(builder, args[0])
     return v(v), codegen
+
+
+# ----------------------------------------------------------------------------- exp2 for softmax
+
+# polynomial degree for 2^f, f in [-1/2, 1/2]: Taylor of exp(f ln2); truncation error
+# (ln2/2)^(n+1)/(n+1)! < 1/2 ulp for n = 7 (float32) and n = 13 (float64)
+_EXP2_DEGREE = {64: 13, 32: 7}
+_EXP2_LO = {64: -1022.0, 32: -126.0}
+
+
+def _emit_exp2(builder, t):
+    """2^t lane-wise for t <= ~0 (softmax arguments): t = k + f, 2^f by Horner, scaled by
+    2^k through the exponent bits.  Below the smallest normal exponent it returns
+    2^lo (~1e-38 float32 / ~2e-308 float64) instead of the subnormal or 0: callers add
+    such terms to a sum that is >= 1, or mask them out.  NaN lanes stay NaN; no
+    argument above ~1 is expected (the exponent field would overflow past 2^127)."""
+    vtype = t.type
+    bits = 32 if isinstance(vtype.element, ir.FloatType) else 64
+    n = vtype.count
+    const = lambda c: ir.Constant(vtype, [c] * n)
+    ity = ir.VectorType(ir.IntType(bits), n)
+    lo = const(_EXP2_LO[bits])
+    tc = builder.select(builder.fcmp_ordered("<", t, lo), lo, t)    # -inf -> lo as well
+    rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vtype, [vtype]), f"llvm.rint.{_suffix(vtype)}")
+    k = builder.call(rint, [tc])
+    f = builder.fmul(builder.fsub(tc, k), const(math.log(2.0)))      # exact subtraction
+    deg = _EXP2_DEGREE[bits]
+    p = const(1.0 / math.factorial(deg))
+    for i in range(deg - 1, -1, -1):
+        p = _fma(builder, p, f, const(1.0 / math.factorial(i)))
+    mant = 52 if bits == 64 else 23
+    shifted = builder.shl(builder.fptosi(k, ity), ir.Constant(ity, [mant] * n))
+    y = builder.bitcast(builder.add(builder.bitcast(p, ity), shifted), vtype)
+    return builder.select(builder.fcmp_unordered("uno", t, t), t, y)
+
+
+@intrinsic
+def vexp2(typingctx, v):
+    """Lane-wise 2^v for v <= ~0, as the softmax needs it (see _emit_exp2)."""
+    if not isinstance(v, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _emit_exp2(builder, args[0])
+    return v(v), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Hint the cache line holding arr.flat[i] into L1 (a no-op if it is already there)."""
+    if not _is_float_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+        _masked(builder, "llvm.prefetch.p0", fnty, [p, _i32(0), _i32(3), _i32(1)])
+        return context.get_dummy_value()
+    return types.void(arr, types.intp), codegen

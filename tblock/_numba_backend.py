@@ -92,10 +92,12 @@ def forward_batch(H, weights, cfg, trace):
     B, T, d = H.shape
     dff = cfg.d_ff
     causal = cfg.causal
-    args = (H, flat, T, d, cfg.n_heads, dff, causal, cfg.norm == "pre", _ACT[cfg.activation], cfg.eps)
     # the same count as _block_flops, inlined: a function call costs ~0.1 us here
     if B * T * (8 * d * d + 4 * d * dff + 2 * (T + 1 if causal else 2 * T) * d) < PARALLEL_MIN_FLOPS:
-        return block_serial(*args), None
+        return block_serial(H, flat, T, d, cfg.n_heads, dff, causal, cfg.norm == "pre",
+                            _ACT[cfg.activation], cfg.eps, 1), None
+    args = (H, flat, T, d, cfg.n_heads, dff, causal, cfg.norm == "pre", _ACT[cfg.activation], cfg.eps,
+            numba.get_num_threads())
     with _PARALLEL_LOCK:
         return _run_parallel(args), None
 
@@ -196,7 +198,7 @@ def warmup() -> None:
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only inputs
         flat = w.prepared((_KEY, np.dtype(dtype).char), lambda ww: _pack_weights(ww, dtype))
-        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
+        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps, 1)
         block_serial(*args)
         with _PARALLEL_LOCK:
             _run_parallel(args)

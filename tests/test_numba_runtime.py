@@ -70,3 +70,15 @@ def test_prepared_weights_are_cached_per_dtype():
     assert w._cache[(nb._KEY, "f")] is flat and not flat.flags.writeable
     tblock.forward(H.astype(np.float64), w, cfg, backend="numba")
     assert w._cache[(nb._KEY, "d")].dtype == np.float64
+
+
+def test_the_compiled_block_is_cacheable():
+    """Numba refuses to cache a function that touches ctypes globals (get_num_threads()
+    inside the block did): after warmup() every top-level kernel has its cache index."""
+    import os
+    tblock.warmup()
+    from tblock.kernels.block import attention_core, block_parallel, block_serial
+    for disp in (block_serial, block_parallel):
+        index = disp._cache._cache_file._index_path
+        assert os.path.exists(index), f"{disp.py_func.__qualname__} was not cached ({index})"
+    assert attention_core._cache is not None
