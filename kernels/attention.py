@@ -21,6 +21,7 @@ from .simd import (lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n
                    vsplat, vstore, vstore_n)
 
 LOG2E = 1.4426950408889634
+KV_CHUNK = 128   # keys per P V pass (see flash_rows)
 
 
 @njit(**JIT)
@@ -85,18 +86,26 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     kv_end = q1 if causal else T
     for k0 in range(0, kv_end, BK):
         kn = min(BK, kv_end - k0)
-        # S[i, j] = Q[q0+i] . K[k0+j]  (raw, unscaled scores)
+        # S[i, j] = Q[q0+i] . K[k0+j]  (raw, unscaled scores).  Under the causal mask a
+        # micro-tile of MR queries needs only the keys up to its last query: panels
+        # entirely above that are skipped here, and the softmax and P V below stop at
+        # the same bound (klim), so the diagonal tile costs about half a tile.
         for p in range((kn + NR - 1) // NR):
             pb = kt_off + (k0 // NR + p) * dk * NR
             n = min(NR, kn - p * NR)
             for i in range(0, m, MR):
+                if causal and k0 + p * NR > q0 + min(m, i + MR) - 1:
+                    continue
                 micro_kernel(Qt, i * dk, dk, 1, min(MR, m - i), Kt, pb, NR, dk,
                              S, i * BK + p * NR, BK, n, False)
         # online softmax: new running max, rescale what was accumulated, P = 2^(...)
         for i in range(m):
             nv = kn
+            klim = kn
             if causal:
                 nv = min(kn, q0 + i + 1 - k0)
+                # the P V product of this row's micro-tile reads keys up to klim
+                klim = min(kn, q0 + min(m, i // MR * MR + MR) - k0)
             row = i * BK
             mx = vsplat(S, -math.inf)
             for j in range(0, nv, W):
@@ -108,13 +117,13 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             m_new = max(m_old, vhmax(mx))
             if m_new == -math.inf:
                 # no allowed key yet for this query: contributes nothing
-                for j in range(0, kn, W):
+                for j in range(0, klim, W):
                     vstore(S, row + j, zero)
                 continue
             # exp((s - m) * scale) = 2^(s*c - m*c), c = scale * log2(e): one fma per lane
             vneg = vsplat(S, -m_new * c2)
             acc = zero
-            for j in range(0, kn, W):
+            for j in range(0, klim, W):
                 p_ = vexp2(vfma(vload(S, row + j), vc2, vneg))
                 if j + W > nv:
                     p_ = vkeep(p_, nv - j, 0.0)
@@ -127,12 +136,21 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
                 va = vsplat(O, alpha)
                 for c in range(0, ldv, W):
                     vstore(O, i * ldv + c, vmul(vload(O, i * ldv + c), va))
-        # O += P V over this key tile
+        # O += P V over this key tile (for each micro-tile, only up to its last key), in
+        # chunks of KV_CHUNK keys: a 128 x 64 float32 slice of V (32 KiB) stays in L1
+        # while all the micro-tiles pass over it; a whole 256-key tile would not
         for vp in range(ldv // NR):
-            for i in range(0, m, MR):
-                micro_kernel(S, i * BK, BK, 1, min(MR, m - i),
-                             V, v_off + k0 * ldv + vp * NR, ldv, kn,
-                             O, i * ldv + vp * NR, ldv, NR, True)
+            for c0 in range(0, kn, KV_CHUNK):
+                for i in range(0, m, MR):
+                    kl = kn
+                    if causal:
+                        kl = min(kn, q0 + min(m, i + MR) - k0)
+                    kl = min(kl, c0 + KV_CHUNK) - c0
+                    if kl <= 0:
+                        continue
+                    micro_kernel(S, i * BK + c0, BK, 1, min(MR, m - i),
+                                 V, v_off + (k0 + c0) * ldv + vp * NR, ldv, kl,
+                                 O, i * ldv + vp * NR, ldv, NR, True)
     for i in range(m):
         vinv = vsplat(O, 1.0 / lrow[i])
         for c in range(0, dk, W):
