@@ -49,7 +49,10 @@ BQ = 96       # queries per attention task (a multiple of the micro-kernel's 6 r
 BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 amortises
               # the per-row softmax bookkeeping: ~15% faster than 128 at T=2048)
 MF = 96       # rows per FFN task at most: a 96 x 3072 float32 hidden tile is 1.1 MiB (L2)
-T_DIRECT = 32  # up to this T, attention runs per query without tiles (attention_rows_direct)
+# attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
+# this: measured, a 2-head block at T=4, d_k=4 takes 2.6 us that way and 6.9 us tiled; at
+# T=4, d_k=16 they tie (6.4 / 6.7 us); at T=8 or d_k=64 the tiles win, by 5x at T=32
+DIRECT_MAX = 256
 
 
 @njit(**JIT)
@@ -147,18 +150,18 @@ def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
 
 
 @njit(**JIT)
-def attention_direct_task(qkv, T, d, n_heads, causal, t):
-    """Stages 2+3 for a short sequence (T <= T_DIRECT): head h = t % n_heads of
+def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
+    """Stages 2+3 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
-    computes each query's row completely before writing it, from its own Q)."""
+    computes each query's row completely before writing it, from its own Q).
+    srow: float64 scratch, T elements per task (task t uses srow[t*T:(t+1)*T])."""
     dk = d // n_heads
     ld = 3 * d
     b = t // n_heads
     h = t % n_heads
     base = b * T * ld + h * dk
-    srow = np.empty(T)
     attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
-                          srow, qkv, base, ld)
+                          srow[t * T:(t + 1) * T], qkv, base, ld)
 
 
 @njit(parallel=True, **JIT)
@@ -167,9 +170,10 @@ def attention_core(qkv, T, d, n_heads, causal):
     projection rows [Q | K | V]; each head's attention output replaces its Q columns.
     (For callers that time the attention core alone; the block does the same inline.)"""
     nbh = qkv.size // (3 * d) // T * n_heads
-    if T <= T_DIRECT:
+    if T * T * (d // n_heads) <= DIRECT_MAX:
+        srow = np.empty(nbh * T)
         for t in prange(nbh):
-            attention_direct_task(qkv, T, d, n_heads, causal, t)
+            attention_direct_task(qkv, T, d, n_heads, causal, t, srow)
         return
     kt, vp = attention_buffers(qkv, T, d, n_heads)
     for t in prange(nbh):
@@ -212,10 +216,11 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         else:
             gemm_block(H, 0, d, r0, r1, Wf, o_qkv, d, ld, p0, p1, qkv, 0, ld, False, KC)
 
-    if T <= T_DIRECT:
-        # 2+3 for short sequences: one task per (sequence, head), no packing
+    if T * T * (d // n_heads) <= DIRECT_MAX:
+        # 2+3 for tiny sequences: one task per (sequence, head), no packing
+        srow = np.empty(nseq * n_heads * T)
         for t in prange(nseq * n_heads):
-            attention_direct_task(qkv, T, d, n_heads, causal, t)
+            attention_direct_task(qkv, T, d, n_heads, causal, t, srow)
     else:
         # 2. per (sequence, head): K^T panels, V rows made contiguous
         kt, vp = attention_buffers(qkv, T, d, n_heads)

@@ -11,6 +11,7 @@ from numba import njit
 import tblock
 from tblock import oracle
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
+from tblock.kernels.attention import attention_rows_direct
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.simd import lanes, vexp, vload_n, vstore_n
 from tblock.kernels.softmax import ADDITIVE, BOOLEAN, CAUSAL, NO_MASK, masked_softmax_rows
@@ -140,3 +141,20 @@ def test_block_with_huge_logits_and_constant_rows():
     want = tblock.forward(H, w, cfg, backend="numpy")
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-10
     assert math.isfinite(float(tblock.forward(np.full((6, 16), 2.0), w, cfg, backend="numba").sum()))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_direct_attention_matches_oracle(causal):
+    """The untiled per-query kernel used for tiny sequences (the tiled one is covered by
+    the block tests at every T)."""
+    rng = np.random.default_rng(4)
+    T, dk, ld = 20, 8, 3 * 8 + 5                     # a row holds Q | K | V and some padding
+    X = rng.standard_normal(T * ld)
+    rows = X.reshape(T, ld)
+    Q, K, V = rows[:, :dk].copy(), rows[:, dk:2 * dk].copy(), rows[:, 2 * dk:3 * dk].copy()
+    out = np.full(T * dk, np.nan)
+    attention_rows_direct(X, ld, 0, dk, 2 * dk, T, dk, causal, 0.3, np.empty(T), out, 0, dk)
+    S = Q @ K.T * 0.3
+    if causal:
+        S = np.where(oracle.causal_mask(T), S, -np.inf)
+    np.testing.assert_allclose(out.reshape(T, dk), oracle.softmax_rows(S) @ V, rtol=1e-13, atol=1e-14)
