@@ -23,7 +23,7 @@ BACKEND_MODULES = {
     "numba": "tblock._numba_backend",
     "c": "tblock._c_backend",
 }
-DEFAULT_BACKEND = "numpy"
+DEFAULT_BACKEND = "numba"
 
 # lesson names of the intermediates, in the order the block computes them (Pre-LN)
 TRACE_NAMES = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid",
