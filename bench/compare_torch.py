@@ -224,9 +224,9 @@ _MEM_CHILD = textwrap.dedent("""
             if line.startswith("VmHWM"):
                 return int(line.split()[1]) / 1024
     import tblock
-    from tblock._numba_backend import warmup
-    warmup()
-    base = hwm()
+    base_import = hwm()
+    tblock.warmup()            # loads the compiled kernels (Numba and LLVM take memory too)
+    base_warm = hwm()
     d, T = int(sys.argv[1]), int(sys.argv[2])
     cfg = tblock.BlockConfig(d_model=d, n_heads=12)
     w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
@@ -234,19 +234,21 @@ _MEM_CHILD = textwrap.dedent("""
     t = time.perf_counter()
     out = tblock.forward(H, w, cfg, backend="numba")
     dt = time.perf_counter() - t
-    print(json.dumps({"base_mib": base, "peak_mib": hwm(), "seconds": dt,
-                      "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    print(json.dumps({"base_import_mib": base_import, "base_warm_mib": base_warm, "peak_mib": hwm(),
+                      "seconds": dt, "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "finite": bool(np.isfinite(out).all())}))
 """)
 
 
 def memory(T):
-    """Peak RSS of one forward in a fresh process, above the RSS after import + warmup."""
+    """Peak RSS (VmHWM) of one forward in a fresh process, above the RSS after
+    `import tblock` and above the RSS after import + warmup()."""
     p = subprocess.run([sys.executable, "-c", _MEM_CHILD, "768", str(T)], capture_output=True, text=True)
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1:]}
     r = json.loads(p.stdout)
-    r["above_base_mib"] = r["peak_mib"] - r["base_mib"]
+    r["above_import_mib"] = r["peak_mib"] - r["base_import_mib"]
+    r["above_warm_mib"] = r["peak_mib"] - r["base_warm_mib"]
     return r
 
 
@@ -302,8 +304,9 @@ def main(argv=None):
             if "error" in m:
                 print(f"memory d_model=768 T={T}: failed: {m['error']}")
             else:
-                print(f"memory d_model=768 T={T}: peak RSS {m['peak_mib']:.0f} MiB, baseline after import "
-                      f"+ warmup {m['base_mib']:.0f} MiB, above baseline {m['above_base_mib']:.0f} MiB "
+                print(f"memory d_model=768 T={T}: peak RSS {m['peak_mib']:.0f} MiB; above the RSS after "
+                      f"`import tblock` ({m['base_import_mib']:.0f} MiB): {m['above_import_mib']:.0f} MiB, above "
+                      f"the RSS after import + warmup() ({m['base_warm_mib']:.0f} MiB): {m['above_warm_mib']:.0f} MiB "
                       f"(weights and input included); forward took {m['seconds']:.2f} s, finite={m['finite']}")
     if args.json:
         with open(args.json, "w") as fh:
