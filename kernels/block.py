@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import bias_act_rows
-from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
+from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import MR, NV, gemm_block
 from .layernorm import layernorm_rows
 from .options import JIT
@@ -45,7 +45,7 @@ from .simd import lanes
 # tile sizes (rows are tokens of all sequences together, except in attention)
 MC = 96       # rows per QKV / W_O task
 KC = 128      # k block of the GEMMs: a 128 x 64 float32 panel slice is 32 KiB, in L1
-BQ = 96       # queries per attention task (a multiple of the micro-kernel's 6 rows)
+BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
 BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 amortises
               # the per-row softmax bookkeeping: ~15% faster than 128 at T=2048)
 MF = 96       # rows per FFN task at most: a 96 x 3072 float32 hidden tile is 1.1 MiB (L2)
@@ -140,7 +140,7 @@ def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
     m = q1 - q0
     bk = min(BK, (T + NR - 1) // NR * NR)
     Qt = np.empty(m * dk, dtype=dt)
-    S = np.empty(m * bk, dtype=dt)
+    S = np.empty(min(m, QSUB) * bk, dtype=dt)
     O = np.empty(m * ldv, dtype=dt)
     mrow = np.empty(m)
     lrow = np.empty(m)
