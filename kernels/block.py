@@ -40,7 +40,7 @@ from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_ro
 from .gemm import MR, NV, gemm_block
 from .layernorm import layernorm_rows
 from .options import JIT
-from .simd import lanes
+from .simd import lanes, vadd, vload_n, vstore_n
 
 # tile sizes (rows are tokens of all sequences together, except in attention)
 MC = 96       # rows per QKV / W_O task
@@ -76,6 +76,18 @@ def weight_layout(d, dff, NR):
     o_be2 = o_g2 + up(d)
     total = o_be2 + up(d)
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
+
+
+@njit(**JIT)
+def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
+    """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
+    Y may be X."""
+    W = lanes(X)
+    for j in range(0, n, W):
+        v = vload_n(X, x_off + j, n - j)
+        if add:
+            v = vadd(v, vload_n(P, p_off + j, n - j))
+        vstore_n(Y, y_off + j, v, n - j)
 
 
 @njit(**JIT)
@@ -244,8 +256,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         c0 = p0 * NR
         c1 = min(d, p1 * NR)
         for r in range(r0, r1):
-            for c in range(c0, c1):
-                out[r * d + c] = H[r * d + c]
+            copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
         gemm_block(qkv, 0, ld, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
 
     # 5. FFN per row tile, residual and LayerNorms fused
@@ -267,8 +278,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             gemm_block(out, r0 * d, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, dff, False, KC)
         bias_act_rows(hid, 0, dff, m, dff, Wf, o_b1, act)
         for r in range(r0, r1):
-            for c in range(d):
-                out[r * d + c] += Wf[o_b2 + c]
+            copy_add(out, r * d, out, r * d, d, Wf, o_b2, True)
         gemm_block(hid, 0, dff, 0, m, Wf, o_2, dff, d, 0, (d + NR - 1) // NR, out, r0 * d, d, True, KC)
         if not pre_ln:
             layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
