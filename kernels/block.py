@@ -6,7 +6,7 @@ tasks; each task calls the serial kernels of this package:
 
   1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v] into ``qkv``
   2. pack:  per (sequence, head), K^T in panels for the score micro-kernel, V rows
-            made contiguous
+            made contiguous (skipped for tiny T*T*d_k, where 2+3 run untiled)
   3. attn:  per (sequence, head, query tile), flash attention; the head's output is
             written over that head's Q columns of the same rows (each Q tile is read
             by exactly one task, before it writes there), so out_concat needs no buffer
@@ -43,7 +43,7 @@ from .options import JIT
 from .simd import lanes, vadd, vload_n, vstore_n
 
 # tile sizes (rows are tokens of all sequences together, except in attention)
-MC = 96       # rows per QKV / W_O task
+MC = 96       # rows per QKV / W_O task at most (rows_per_task balances them)
 KC = 128      # k block of the GEMMs: a 128 x 64 float32 panel slice is 32 KiB, in L1
 BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
 BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 amortises
