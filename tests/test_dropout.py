@@ -91,7 +91,7 @@ def test_training_is_seeded_and_reproducible():
 
 def test_attention_dropout_zeroes_and_rescales_the_probabilities():
     p = 0.3
-    _, tr_eval = tblock.forward(EX.H_in, EX.weights, EX.cfg, trace=True)
+    _, tr_eval = tblock.forward(EX.H_in, EX.weights, EX.cfg, backend="numpy", trace=True)
     _, tr = D.forward_dropout(EX.H_in, EX.weights, EX.cfg, p=p, training=True, rng=11, points="attn", trace=True)
     kept = tr.A != 0
     np.testing.assert_allclose(tr.A[kept], tr_eval.A[kept] / (1 - p), rtol=1e-14)
