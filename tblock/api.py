@@ -123,11 +123,15 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     H = check_input(H, cfg)
     if not H.dtype.isnative:
         H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
-    H3 = np.ascontiguousarray(H.reshape((-1,) + H.shape[-2:]))   # (B, T, d_model), B=1 for 2-D
-    H3 = H3.view()
-    H3.flags.writeable = False          # a backend cannot write into the caller's array
+    H3 = H[None] if H.ndim == 2 else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
+    if H3.flags.c_contiguous:
+        H3.flags.writeable = False      # a backend cannot write into the caller's array
+    else:
+        H3 = np.ascontiguousarray(H3)   # any strides in, C order to the backend (a private copy)
     H_out, tr = module.forward_batch(H3, weights, cfg, trace)
-    H_out = np.asarray(H_out, dtype=H.dtype).reshape(H.shape)
+    if H_out.dtype != H.dtype:
+        H_out = H_out.astype(H.dtype)   # float64 backends (numpy, c) on float32 input
+    H_out = H_out.reshape(H.shape)
     if not trace:
         return H_out
     if H.ndim == 2:

@@ -46,9 +46,19 @@ def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
 
 
 def check_finite(name: str, a: np.ndarray) -> None:
-    if not np.isfinite(a).all():
+    # the compiled loop takes native byte order only; big-endian data goes through numpy
+    if not (_all_finite(a) if a.dtype.isnative else np.isfinite(a).all()):
         bad = np.argwhere(~np.isfinite(a))[0]
         raise ValueError(f"{name} must be finite, found {a[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    # the compiled check (tblock.kernels.validate) is imported on first use, so that
+    # `import tblock` does not pay for importing numba
+    global _all_finite
+    from .kernels.validate import all_finite
+    _all_finite = all_finite
+    return all_finite(a)
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +123,8 @@ class BlockWeights:
 
     def check(self, cfg: BlockConfig, name: str = "weights") -> "BlockWeights":
         """Raise ValueError unless these weights fit ``cfg``; cheap after the first call."""
+        if self._cache.get("last_checked") is cfg:   # identity: cheaper than hashing cfg
+            return self
         key = ("checked", cfg)
         if key in self._cache:
             return self
@@ -130,6 +142,7 @@ class BlockWeights:
                 raise ValueError(f"{name}.{field_name} must have shape {want} for d_model={cfg.d_model}, "
                                  f"d_ff={cfg.d_ff}, got {a.shape}")
         self._cache[key] = True
+        self._cache["last_checked"] = cfg
         return self
 
     def prepared(self, key, build):
