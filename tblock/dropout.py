@@ -27,7 +27,7 @@ import numpy as np
 
 from .api import TRACE_NAMES, Stack, Trace, check_input, forward
 from .config import BlockConfig
-from .oracle import ACTIVATION, causal_mask, layernorm, softmax_rows
+from .oracle import causal_mask, ffn, layernorm, softmax_rows
 from .weights import BlockWeights
 
 POINTS = ("embed", "attn", "attn_out", "ffn_out")
@@ -92,17 +92,10 @@ def _attention_train(X, w, cfg, p, rng, points, tr):
 
 
 def _ffn_train(X, w, cfg, p, rng, points, tr):
-    """FFN(X) with dropout on its output ("ffn_out")."""
-    F_pre = X @ w["w_ff1"]                                  # (T, d_ff)
-    if cfg.ffn_bias:
-        F_pre = F_pre + w["b_ff1"]
-    F_post = ACTIVATION[cfg.activation](F_pre)
-    F_out = F_post @ w["w_ff2"]                             # (T, d_model)
-    if cfg.ffn_bias:
-        F_out = F_out + w["b_ff2"]
+    """FFN(X) with dropout on its output ("ffn_out"): the oracle's FFN, then the mask."""
+    F_out = ffn(X, w, cfg, tr)                              # (T, d_model); fills F_pre, F_post
     if "ffn_out" in points:
-        F_out = dropout(F_out, p, rng)
-    tr.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
+        F_out = tr["F_out"] = dropout(F_out, p, rng)
     return F_out
 
 
