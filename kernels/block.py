@@ -103,6 +103,16 @@ def rows_per_task(rows, cap, nthr):
 
 
 @njit(**JIT)
+def task_tile(t, groups, mc, rows, npanels):
+    """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
+    of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
+    keeps both cores busy when there are fewer row blocks than threads."""
+    r0 = (t // groups) * mc
+    g = t % groups
+    return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
+
+
+@njit(**JIT)
 def attention_buffers(qkv, T, d, n_heads):
     """Room for the packed K^T and V of every (sequence, head) of the flat (B*T, 3d)
     projection buffer qkv, for pack_head and attention_task."""
@@ -215,12 +225,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     npq = (ld + NR - 1) // NR
     groups = min(npq, max(1, 8 // nrb))
     for t in prange(nrb * groups):
-        rb = t // groups
-        g = t % groups
-        r0 = rb * mc
-        r1 = min(rows, r0 + mc)
-        p0 = g * npq // groups
-        p1 = (g + 1) * npq // groups
+        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
         if pre_ln:
             xn = np.empty((r1 - r0) * d, dtype=dt)
             layernorm_rows(H, r0 * d, d, xn, 0, d, r1 - r0, d, Wf, o_g1, o_be1, eps)
@@ -247,12 +252,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     npo = (d + NR - 1) // NR
     groups = min(npo, max(1, 8 // nrb))
     for t in prange(nrb * groups):
-        rb = t // groups
-        g = t % groups
-        r0 = rb * mc
-        r1 = min(rows, r0 + mc)
-        p0 = g * npo // groups
-        p1 = (g + 1) * npo // groups
+        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
         c0 = p0 * NR
         c1 = min(d, p1 * NR)
         for r in range(r0, r1):

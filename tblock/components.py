@@ -250,7 +250,7 @@ try:
     from numba import njit, prange
 
     from .kernels.activations import ACTIVATION_CODES, bias_act_rows
-    from .kernels.block import KC, MC, MF, attention_core as nb_attention_core, weight_layout
+    from .kernels.block import KC, MC, MF, attention_core as nb_attention_core, task_tile, weight_layout
     from .kernels.gemm import NV, gemm_block
     from .kernels.layernorm import layernorm_rows
     from .kernels.options import JIT
@@ -275,10 +275,8 @@ else:
         npn = (N + NR - 1) // NR
         groups = min(npn, max(1, 8 // nrb))
         for t in prange(nrb * groups):
-            r0 = (t // groups) * MC
-            g = t % groups
-            gemm_block(A, 0, lda, r0, min(rows, r0 + MC), Wf, b_off, K, N,
-                       g * npn // groups, (g + 1) * npn // groups, C, 0, ldc, False, KC)
+            r0, r1, p0, p1 = task_tile(t, groups, MC, rows, npn)
+            gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
 
     @njit(parallel=True, **DRIVER_JIT)
     def _nb_ffn(X, Wf, rows, d, dff, act, out):
