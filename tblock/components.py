@@ -250,7 +250,8 @@ try:
     from numba import njit, prange
 
     from .kernels.activations import ACTIVATION_CODES, bias_act_rows
-    from .kernels.block import KC, MC, MF, attention_core as nb_attention_core, task_tile, weight_layout
+    from .kernels.block import (KC, MC, MF, attention_core as nb_attention_core, ffn_tile, rows_per_task,
+                                 task_tile, weight_layout)
     from .kernels.gemm import NV, gemm_block
     from .kernels.layernorm import layernorm_rows
     from .kernels.options import JIT
@@ -279,21 +280,13 @@ else:
             gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
 
     @njit(parallel=True, **DRIVER_JIT)
-    def _nb_ffn(X, Wf, rows, d, dff, act, out):
-        """The block's stage 5 without its LayerNorm and residual: per MF-row tile,
-        up-projection, bias + activation on the tile, down-projection, + b_ff2."""
-        NR = NV * lanes(Wf)
-        o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
-        for t in prange((rows + MF - 1) // MF):
-            r0 = t * MF
-            m = min(rows, r0 + MF) - r0
-            hid = np.empty(m * dff, dtype=X.dtype)
-            gemm_block(X, r0 * d, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, dff, False, KC)
-            bias_act_rows(hid, 0, dff, m, dff, Wf, o_b1, act)
-            for r in range(r0, r0 + m):
-                for c in range(d):
-                    out[r * d + c] = Wf[o_b2 + c]
-            gemm_block(hid, 0, dff, 0, m, Wf, o_2, dff, d, 0, (d + NR - 1) // NR, out, r0 * d, d, True, KC)
+    def _nb_ffn(X, Wf, rows, d, dff, act, out, nthr):
+        """The block's stage 5 without its LayerNorm and residual: the same row tiles
+        and the same ffn_tile (up-projection, bias + activation, down-projection + b_ff2)."""
+        mf = rows_per_task(rows, MF, nthr)
+        for t in prange((rows + mf - 1) // mf):
+            r0 = t * mf
+            ffn_tile(X, r0 * d, min(rows, r0 + mf) - r0, d, dff, Wf, act, out, r0 * d, False)
 
 
 def _numba_components(cfg, weights, dtype):
@@ -356,7 +349,7 @@ def _numba_components(cfg, weights, dtype):
     def ffn(X):
         T = X.shape[0]
         out = np.empty((T, d), dtype=dtype)
-        parallel(_nb_ffn, X.reshape(-1), Wf, T, d, dff, act, out.reshape(-1))
+        parallel(_nb_ffn, X.reshape(-1), Wf, T, d, dff, act, out.reshape(-1), numba.get_num_threads())
         return out
 
     cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core,
