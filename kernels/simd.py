@@ -391,20 +391,6 @@ def vexp2(typingctx, v):
 
 
 @intrinsic
-def prefetch(typingctx, arr, i):
-    """Hint the cache line holding arr.flat[i] into L1 (a no-op if it is already there)."""
-    if not _is_float_array(arr):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(8).as_pointer())
-        fnty = ir.FunctionType(ir.VoidType(), [p.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
-        _masked(builder, "llvm.prefetch.p0", fnty, [p, _i32(0), _i32(3), _i32(1)])
-        return context.get_dummy_value()
-    return types.void(arr, types.intp), codegen
-
-
-@intrinsic
 def prefetch_l2(typingctx, arr, i):
     """Hint the cache line holding arr.flat[i] into L2 (prefetcht1): for data needed a
     few thousand cycles from now, which should not displace what L1 holds."""
