@@ -175,6 +175,8 @@ def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, ac
             pb = b_off + p * K * NR + kc0 * NR
             nxt = pb + kc * NR              # the next slice starts where this one ends
             per = (kc * NR // W + ntiles - 1) // ntiles    # its cache lines per row tile
+            if nxt >= end:
+                per = 0                     # the last slice: nothing follows it
             line = nxt
             for i in range(i0, i1, MR):
                 for q in range(per):
