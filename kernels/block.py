@@ -241,8 +241,6 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     an argument because calling get_num_threads in here makes the function uncacheable."""
     NR = NV * lanes(Wf)
     H = H3.reshape(H3.size)
-    out3 = np.empty(H3.shape, dtype=H3.dtype)
-    out = out3.reshape(out3.size)
     o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, _ = weight_layout(d, dff, NR)
     rows = H.size // d
     nseq = rows // T
@@ -278,7 +276,11 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         for t in prange(nseq * n_heads * nqt):
             attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
 
-    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv)
+    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv).  The
+    # output is allocated only now, after the packed K and V of stage 2 are freed: at
+    # d_model=768, T=4096 that keeps 12 MiB off the peak
+    out3 = np.empty(H3.shape, dtype=H3.dtype)
+    out = out3.reshape(out3.size)
     npo = (d + NR - 1) // NR
     groups = min(npo, max(1, 8 // nrb))
     for t in prange(nrb * groups):
