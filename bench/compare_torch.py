@@ -240,6 +240,54 @@ _MEM_CHILD = textwrap.dedent("""
 """)
 
 
+# The same measurement for the PyTorch block: its baseline is the RSS after `import torch`
+# (which already holds torch's kernels and thread pools, ~200 MiB here).  The child does
+# not import tblock (whose weight checks would load Numba into it): it gets TorchBlock's
+# source and draws the weights with numpy, the same way init_weights does.
+_TORCH_MEM_CHILD = """
+import json, sys, types
+import numpy as np
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) / 1024
+import torch
+import torch.nn.functional as F
+base_import = hwm()
+torch.set_num_threads(int(sys.argv[3]))
+d, T = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+def normal(shape, scale):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+w = types.SimpleNamespace(
+    w_q=normal((d, d), d ** -0.5), w_k=normal((d, d), d ** -0.5), w_v=normal((d, d), d ** -0.5),
+    w_o=normal((d, d), d ** -0.5), w_ff1=normal((d, 4 * d), (2 / d) ** 0.5),
+    w_ff2=normal((4 * d, d), (2 / (4 * d)) ** 0.5))
+%s
+block = TorchBlock(w, 12).eval()
+del w
+x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, T, d)).astype(np.float32))
+with torch.inference_mode():
+    y = block(x)
+print(json.dumps({"base_import_mib": base_import, "peak_mib": hwm(),
+                  "finite": bool(torch.isfinite(y).all())}))
+"""
+
+
+def torch_memory(T):
+    """Peak RSS of the PyTorch block's forward in a fresh process, above `import torch`
+    (the weights and the input included, as for tblock)."""
+    import inspect
+    child = _TORCH_MEM_CHILD % textwrap.dedent(inspect.getsource(TorchBlock))
+    p = subprocess.run([sys.executable, "-c", child, "768", str(T), str(THREADS)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        return {"error": p.stderr.strip().splitlines()[-1:]}
+    r = json.loads(p.stdout)
+    r["above_import_mib"] = r["peak_mib"] - r["base_import_mib"]
+    return r
+
+
 def memory(T):
     """Peak RSS (VmHWM) of one forward in a fresh process, above the RSS after
     `import tblock` and above the RSS after import + warmup()."""
@@ -308,6 +356,14 @@ def main(argv=None):
                       f"`import tblock` ({m['base_import_mib']:.0f} MiB): {m['above_import_mib']:.0f} MiB, above "
                       f"the RSS after import + warmup() ({m['base_warm_mib']:.0f} MiB): {m['above_warm_mib']:.0f} MiB "
                       f"(weights and input included); forward took {m['seconds']:.2f} s, finite={m['finite']}")
+        if torch is not None:
+            m = torch_memory(4096)
+            results["torch_memory_T4096"] = m
+            if "error" in m:
+                print(f"torch memory d_model=768 T=4096: failed: {m['error']}")
+            else:
+                print(f"torch memory d_model=768 T=4096: peak RSS {m['peak_mib']:.0f} MiB; above the RSS after "
+                      f"`import torch` ({m['base_import_mib']:.0f} MiB): {m['above_import_mib']:.0f} MiB")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

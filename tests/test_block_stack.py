@@ -61,6 +61,24 @@ def test_init_weights_is_seeded_and_dtype_consistent():
     assert not np.array_equal(tblock.init_weights(CFG, seed=4, dtype=np.float64).w_q, a.w_q)
 
 
+@pytest.mark.parametrize("d_model, d_ff", [(20, 80), (64, 5000)])   # 5000: several row blocks
+def test_init_weights_draws_the_lesson_order_from_one_stream(d_model, d_ff):
+    # written out independently: whole-matrix float64 draws in the lesson's order, scaled
+    # one factor at a time; init_weights draws block by block to save memory and must
+    # give exactly these values
+    cfg = tblock.BlockConfig(d_model=d_model, n_heads=4, d_ff=d_ff)
+    rng = np.random.default_rng(11)
+    a, d, f = 1 / np.sqrt(d_model), d_model, d_ff
+    expect = dict(w_q=rng.standard_normal((d, d)) * a, w_k=rng.standard_normal((d, d)) * a,
+                  w_v=rng.standard_normal((d, d)) * a, w_o=rng.standard_normal((d, d)) * a * 0.3,
+                  w_ff1=rng.standard_normal((d, f)) * np.sqrt(2 / d),
+                  w_ff2=rng.standard_normal((f, d)) * np.sqrt(2 / f) * 0.3)
+    for dtype in (np.float64, np.float32):
+        w = tblock.init_weights(cfg, seed=11, dtype=dtype, branch_scale=0.3)
+        for name, value in expect.items():
+            np.testing.assert_array_equal(getattr(w, name), value.astype(dtype), err_msg=name)
+
+
 def test_init_weights_options():
     cfg = tblock.BlockConfig(d_model=8, n_heads=2, ffn_bias=True, ln_affine=True)
     w = tblock.init_weights(cfg, seed=0)
