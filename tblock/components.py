@@ -249,7 +249,7 @@ try:
     import numba
     from numba import njit, prange
 
-    from .kernels.activations import ACTIVATION_CODES, bias_act_rows
+    from .kernels.activations import ACTIVATION_CODES
     from .kernels.block import (KC, MC, MF, attention_core as nb_attention_core, ffn_tile, rows_per_task,
                                  task_tile, weight_layout)
     from .kernels.gemm import NV, gemm_block
