@@ -53,9 +53,10 @@ MF = 192      # rows per FFN task at most.  Every task streams all of W_1 and W_
               # them: 192 rows ran the d_model=768 FFN 10-15% faster than 96 (measured side
               # by side, T=1024 and 4096), although the 2.3 MiB hidden tile spills to L3
 # attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
-# this: measured, a 2-head block at T=4, d_k=4 takes 2.6 us that way and 6.9 us tiled; at
-# T=4, d_k=16 they tie (6.4 / 6.7 us); at T=8 or d_k=64 the tiles win, by 5x at T=32
-DIRECT_MAX = 256
+# this.  Measured per head, float32, causal (direct / packed + tiled): T=4, d_k=16 0.16 /
+# 1.8 us; T=16, d_k=16 1.6 / 3.5 us; T=8, d_k=64 0.7 / 4.3 us; T=32, d_k=16 (16384) 7.5 /
+# 6.5 us: the tiles win from about there
+DIRECT_MAX = 8192
 
 
 @njit(**JIT)

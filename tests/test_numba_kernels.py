@@ -11,7 +11,9 @@ from numba import njit
 import tblock
 from tblock import oracle
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
-from tblock.kernels.attention import attention_rows_direct
+from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
+from tblock.kernels.block import BK
+from tblock.kernels.gemm import NV
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.simd import lanes, vexp, vload_n, vstore_n
 from tblock.kernels.softmax import ADDITIVE, BOOLEAN, CAUSAL, NO_MASK, masked_softmax_rows
@@ -143,18 +145,59 @@ def test_block_with_huge_logits_and_constant_rows():
     assert math.isfinite(float(tblock.forward(np.full((6, 16), 2.0), w, cfg, backend="numba").sum()))
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_direct_attention_matches_oracle(causal):
-    """The untiled per-query kernel used for tiny sequences (the tiled one is covered by
-    the block tests at every T)."""
-    rng = np.random.default_rng(4)
-    T, dk, ld = 20, 8, 3 * 8 + 5                     # a row holds Q | K | V and some padding
-    X = rng.standard_normal(T * ld)
-    rows = X.reshape(T, ld)
-    Q, K, V = rows[:, :dk].copy(), rows[:, dk:2 * dk].copy(), rows[:, 2 * dk:3 * dk].copy()
-    out = np.full(T * dk, np.nan)
-    attention_rows_direct(X, ld, 0, dk, 2 * dk, T, dk, causal, 0.3, np.empty(T), out, 0, dk)
-    S = Q @ K.T * 0.3
+def head_rows(rng, T, dk, dtype, pad=5):
+    """One head's [Q | K | V] rows with some padding after them, as in the block's buffer."""
+    ld = 3 * dk + pad
+    X = rng.standard_normal(T * ld).astype(dtype)
+    rows = X.reshape(T, ld).astype(np.float64)
+    return X, ld, rows[:, :dk], rows[:, dk:2 * dk], rows[:, 2 * dk:3 * dk]
+
+
+def attention_reference(Q, K, V, scale, causal):
+    S = Q @ K.T * scale
     if causal:
-        S = np.where(oracle.causal_mask(T), S, -np.inf)
-    np.testing.assert_allclose(out.reshape(T, dk), oracle.softmax_rows(S) @ V, rtol=1e-13, atol=1e-14)
+        S = np.where(oracle.causal_mask(len(Q)), S, -np.inf)
+    return oracle.softmax_rows(S) @ V
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T, dk", [(1, 1), (1, 8), (2, 3), (5, 1), (20, 8), (9, 17), (3, 40)])
+def test_direct_attention_matches_oracle(causal, T, dk, dtype):
+    """The untiled per-query kernel the block uses for short sequences (T*T*d_k up to
+    kernels.block.DIRECT_MAX)."""
+    X, ld, Q, K, V = head_rows(np.random.default_rng(4), T, dk, dtype)
+    out = np.full(T * dk, np.nan, dtype=dtype)
+    attention_rows_direct(X, ld, 0, dk, 2 * dk, T, dk, causal, 0.3, np.empty(T), out, 0, dk)
+    tol = 1e-13 if dtype == np.float64 else 2e-6
+    np.testing.assert_allclose(out.reshape(T, dk), attention_reference(Q, K, V, 0.3, causal),
+                               rtol=tol, atol=tol)
+
+
+@njit
+def _tiled_head(X, ld, T, dk, causal, scale, out):
+    """One head through the block's tiled path: pack K^T and V, flash_rows over all queries."""
+    NR = NV * lanes(X)
+    ldv = (dk + NR - 1) // NR * NR
+    kt = np.empty((T + NR - 1) // NR * dk * NR, X.dtype)
+    vp = np.empty(T * ldv, X.dtype)
+    pack_kt(X, dk, ld, T, dk, kt, 0)
+    pack_rows(X, 2 * dk, ld, T, dk, vp, 0, ldv)
+    bk = min(BK, (T + NR - 1) // NR * NR)
+    flash_rows(X, ld, 0, T, dk, kt, 0, vp, 0, ldv, 0, T, causal, scale, bk,
+               np.empty(T * dk, X.dtype), np.empty(min(T, QSUB) * bk, X.dtype), np.empty(T * ldv, X.dtype),
+               np.empty(T), np.empty(T), out, 0, dk)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T, dk", [(1, 1), (1, 64), (2, 3), (7, 1), (63, 8), (65, 17), (97, 64), (300, 5)])
+def test_tiled_attention_matches_oracle_at_edge_shapes(causal, T, dk, dtype):
+    """The flash kernel on shapes the block sends down the direct path (short T) and on
+    tile edges (a partial key panel, a partial query sub-tile, d_k not a lane multiple)."""
+    X, ld, Q, K, V = head_rows(np.random.default_rng(5), T, dk, dtype)
+    out = np.full(T * dk, np.nan, dtype=dtype)
+    _tiled_head(X, ld, T, dk, causal, 0.3, out)
+    tol = 1e-12 if dtype == np.float64 else 5e-6
+    np.testing.assert_allclose(out.reshape(T, dk), attention_reference(Q, K, V, 0.3, causal),
+                               rtol=tol, atol=tol)
