@@ -30,8 +30,9 @@ from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
 _PARALLEL_LOCK = threading.Lock()
 
 # Below this many FLOPs a forward pass runs serially.  Measured on 2 cores (serial /
-# parallel): 0.9 MFLOP (d=32, T=32) 29 / 32 us; 3.3 MFLOP (d=64, T=32) 58 / 46 us; the
-# lesson's block (6 kFLOP) 4 / 13 us: waking the pool costs ~10 us per call.
+# parallel, float32): 0.9 MFLOP (d=32, T=32) 48 / 59 us; 3.3 MFLOP (d=64, T=32) 64 / 56 us;
+# 6.8 MFLOP (d=64, T=64) 106 / 109 us; the lesson's block (6 kFLOP) 4.5 / 17 us: waking
+# the pool for the block's five parallel stages costs tens of microseconds per call.
 PARALLEL_MIN_FLOPS = 2_000_000
 
 _KEY = "numba-packed"
