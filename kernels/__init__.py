@@ -13,7 +13,7 @@ API did) and only prepares weights and dispatches.
     attention   flash-style attention for one head (online softmax over key tiles), and
                 the untiled per-query kernel for tiny sequences
     block       the whole block as one compiled call (serial and parallel builds), and
-                its stages as functions (pack_head, attention_task, attention_core)
+                its stages as functions (qkv_task, attention_task, attention_core)
 
 Numba's cache does not track dependencies across files: after editing one kernel
 module, delete ``kernels/__pycache__`` (or the user cache directory) so that functions

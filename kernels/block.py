@@ -4,9 +4,11 @@ One compiled function runs a forward pass of the block over B sequences, so a ca
 from Python crosses into Numba once.  Its five stages are loops over independent
 tasks; each task calls the serial kernels of this package:
 
-  1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v] into ``qkv``
-  2. pack:  per (sequence, head), K^T in panels for the score micro-kernel, V rows
-            made contiguous (skipped for tiny T*T*d_k, where 2+3 run untiled)
+  1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v]: Q into ``q``,
+            K and V through a task-sized scratch straight into the layouts attention
+            reads (K^T in panels for the score micro-kernel, V in contiguous rows per
+            head); for tiny T*T*d_k, Q, K and V side by side in one buffer instead
+  2. (gone: K and V used to be packed out of a (rows, 3d) buffer in a stage of their own)
   3. attn:  per (sequence, head, query tile), flash attention; the head's output is
             written over that head's Q columns of the same rows (each Q tile is read
             by exactly one task, before it writes there), so out_concat needs no buffer
@@ -40,7 +42,7 @@ from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_ro
 from .gemm import MR, NV, gemm_block
 from .layernorm import layernorm_rows
 from .options import JIT
-from .simd import lanes, vadd, vload_n, vstore_n
+from .simd import lanes, vadd, vload_n, vsplat, vstore_n
 
 # tile sizes (rows are tokens of all sequences together, except in attention)
 MC = 96       # rows per QKV / W_O task at most (rows_per_task balances them)
@@ -60,19 +62,25 @@ DIRECT_MAX = 8192
 
 
 @njit(**JIT)
+def packed_len(K, N, NR):
+    """Elements a packed (K, N) matrix takes in the flat weight buffer: its panels,
+    rounded up to a whole number of 64-byte lines (16 float32 / 8 float64 elements, so
+    16 serves both)."""
+    return (((N + NR - 1) // NR) * K * NR + 15) // 16 * 16
+
+
+@njit(**JIT)
 def weight_layout(d, dff, NR):
-    """Offsets in the flat weight buffer: packed W_qkv, W_o, W_1, W_2, then b1, b2,
-    gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
+    """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
+    o_qkv, each (o_o - o_qkv) // 3 long, so that no panel mixes two of them), W_o, W_1,
+    W_2, then b1, b2, gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
     def up(x):
         return (x + 15) // 16 * 16
-
-    def packed(K, N):
-        return up(((N + NR - 1) // NR) * K * NR)
     o_qkv = 0
-    o_o = o_qkv + packed(d, 3 * d)
-    o_1 = o_o + packed(d, d)
-    o_2 = o_1 + packed(d, dff)
-    o_b1 = o_2 + packed(dff, d)
+    o_o = o_qkv + 3 * packed_len(d, d, NR)
+    o_1 = o_o + packed_len(d, d, NR)
+    o_2 = o_1 + packed_len(d, dff, NR)
+    o_b1 = o_2 + packed_len(dff, d, NR)
     o_b2 = o_b1 + up(dff)
     o_g1 = o_b2 + up(d)
     o_be1 = o_g1 + up(d)
@@ -141,21 +149,118 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
 
 
 @njit(**JIT)
-def attention_buffers(qkv, T, d, n_heads):
-    """Room for the packed K^T and V of every (sequence, head) of the flat (B*T, 3d)
-    projection buffer qkv, for pack_head and attention_task."""
-    NR = NV * lanes(qkv)
+def attention_buffers(like, nseq, T, d, n_heads):
+    """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
+    every (sequence, head), in the dtype of ``like``; see attention_task."""
+    NR = NV * lanes(like)
     dk = d // n_heads
     ktn = ((T + NR - 1) // NR) * dk * NR
     ldv = ((dk + NR - 1) // NR) * NR
-    nbh = qkv.size // (3 * d) // T * n_heads
-    return np.empty(nbh * ktn, dtype=qkv.dtype), np.empty(nbh * T * ldv, dtype=qkv.dtype)
+    nbh = nseq * n_heads
+    return np.empty(nbh * ktn, dtype=like.dtype), np.empty(nbh * T * ldv, dtype=like.dtype)
+
+
+@njit(**JIT)
+def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
+    """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; row r is
+    S.flat[(r - r0) * d + c] with d = n_heads * dk) into the K^T panels of their heads
+    (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
+    last panel.  Stores run along the keys, contiguous within a panel."""
+    NR = NV * lanes(Kt)
+    d = n_heads * dk
+    ktn = ((T + NR - 1) // NR) * dk * NR
+    r = r0
+    while r < r1:
+        b = r // T
+        e = min(r1, (b + 1) * T)                     # rows r..e-1 are one sequence's
+        t0 = r - b * T
+        for h in range(c0 // dk, (c1 - 1) // dk + 1):
+            ca = max(c0, h * dk)
+            cb = min(c1, (h + 1) * dk)
+            head = (b * n_heads + h) * ktn - h * dk * NR
+            for c in range(ca, cb):
+                src = (r - r0) * d + c
+                for i in range(e - r):
+                    t = t0 + i
+                    Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * d]
+                if e == (b + 1) * T:
+                    for t in range(T, (T + NR - 1) // NR * NR):
+                        Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = 0.0
+        r = e
+
+
+@njit(**JIT)
+def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
+    """Columns c0..c1 of the V rows r0..r1 (as in store_kt) into the contiguous per-head
+    rows of Vp (ldv = d_k rounded up to NR); where c1 ends a head, its padding columns
+    d_k..ldv are zeroed."""
+    W = lanes(Vp)
+    NR = NV * W
+    d = n_heads * dk
+    ldv = ((dk + NR - 1) // NR) * NR
+    zero = vsplat(Vp, 0.0)
+    for r in range(r0, r1):
+        b = r // T
+        t = r - b * T
+        for h in range(c0 // dk, (c1 - 1) // dk + 1):
+            ca = max(c0, h * dk)
+            cb = min(c1, (h + 1) * dk)
+            src = (r - r0) * d + ca
+            dst = ((b * n_heads + h) * T + t) * ldv + ca - h * dk
+            n = cb - ca
+            for c in range(0, n, W):
+                vstore_n(Vp, dst + c, vload_n(S, src + c, n - c), n - c)
+            if cb == (h + 1) * dk:
+                row = ((b * n_heads + h) * T + t) * ldv
+                for c in range(dk, ldv, W):
+                    vstore_n(Vp, row + c, zero, ldv - c)
+
+
+@njit(**JIT)
+def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
+             q, ldq, kt, vp, packed):
+    """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v]
+    (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
+
+    With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
+    layouts attention reads (K^T panels in kt, per-head rows in vp), through an m x d
+    scratch the size of the task, still in L2: the (rows, 3d) projection buffer and a
+    separate pass that packed K and V out of it are never needed (at d_model=768, T=4096
+    they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
+    Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
+    NR = NV * lanes(Wf)
+    npd = (d + NR - 1) // NR
+    wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
+    m = r1 - r0
+    dk = d // n_heads
+    if pre_ln:
+        A = np.empty(m * d, dtype=H.dtype)
+        layernorm_rows(H, r0 * d, d, A, 0, d, m, d, Wf, o_g1, o_be1, eps)
+        a_off = 0
+    else:
+        A = H
+        a_off = r0 * d
+    for j in range(3):
+        a = max(p0, j * npd) - j * npd
+        b = min(p1, (j + 1) * npd) - j * npd
+        if a >= b:
+            continue
+        if j == 0 or not packed:
+            gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b,
+                       q, r0 * ldq + (0 if packed else j * d), ldq, False, KC)
+            continue
+        S = np.empty(m * d, dtype=H.dtype)
+        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, 0, d, False, KC)
+        if j == 1:
+            store_kt(S, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
+        else:
+            store_v(S, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
 
 
 @njit(**JIT)
 def pack_head(qkv, T, d, n_heads, t, kt, vp):
-    """Task t = b*n_heads + h of stage 2: K^T panels and contiguous V of head h of
-    sequence b, from the (B*T, 3d) projection rows in qkv."""
+    """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
+    contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
     NR = NV * lanes(kt)
     dk = d // n_heads
     ld = 3 * d
@@ -168,17 +273,17 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
 
 
 @njit(**JIT)
-def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
-    """Task t of stage 3: one query tile of one head of one sequence; the head's output
-    goes over its own Q columns of those rows.  Tasks are numbered head by head, and
-    within a (sequence, head) costly-first: its last query tile (most keys under a causal
-    mask) first.  So the threads work on the same head at once and share its K and V
-    (2 MiB at T=4096) in L3; numbering the last tile of every head first instead (each
-    thread on a different head) ran 12 heads at T=4096 on 2 threads in 185-199 ms
-    against 132-155 ms this way (the same on 1 thread), measured side by side."""
+def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
+    """Task t of stage 3: one query tile of one head of one sequence; Q[b, i] of head h
+    is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
+    columns.  K and V are packed in kt and vp (attention_buffers).  Tasks are numbered
+    head by head, and within a (sequence, head) costly-first: its last query tile (most
+    keys under a causal mask) first.  So the threads work on the same head at once and
+    share its K and V (2 MiB at T=4096) in L3; numbering the last tile of every head
+    first instead (each thread on a different head) ran 12 heads at T=4096 on 2 threads
+    in 185-199 ms against 132-155 ms this way (the same on 1 thread), measured side by side."""
     NR = NV * lanes(kt)
     dk = d // n_heads
-    ld = 3 * d
     ktn = ((T + NR - 1) // NR) * dk * NR
     ldv = ((dk + NR - 1) // NR) * NR
     nqt = (T + BQ - 1) // BQ
@@ -188,7 +293,7 @@ def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
     h = bh % n_heads
     q0 = qt * BQ
     q1 = min(T, q0 + BQ)
-    dt = qkv.dtype
+    dt = q.dtype
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
     bk = min(BK, (T + NR - 1) // NR * NR)
@@ -197,9 +302,9 @@ def attention_task(qkv, T, d, n_heads, causal, t, kt, vp):
     O = np.empty(m * ldv, dtype=dt)
     mrow = np.empty(m)
     lrow = np.empty(m)
-    flash_rows(qkv, ld, b * T * ld + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
+    flash_rows(q, ldq, b * T * ldq + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
                q0, q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
-               qkv, (b * T + q0) * ld + h * dk, ld)
+               q, (b * T + q0) * ldq + h * dk, ldq)
 
 
 @njit(**JIT)
@@ -207,7 +312,7 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
     """Stages 2+3 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
     computes each query's row completely before writing it, from its own Q).
-    srow: float64 scratch, T elements per task (task t uses srow[t*T:(t+1)*T])."""
+    qkv: (B*T, 3d) rows [Q | K | V].  srow: float64 scratch, T elements per task."""
     dk = d // n_heads
     ld = 3 * d
     b = t // n_heads
@@ -219,20 +324,22 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
 
 @njit(parallel=True, **JIT)
 def attention_core(qkv, T, d, n_heads, causal):
-    """Stages 2 and 3 of the block on their own: qkv is the flat (B*T, 3d) buffer of
-    projection rows [Q | K | V]; each head's attention output replaces its Q columns.
-    (For callers that time the attention core alone; the block does the same inline.)"""
-    nbh = qkv.size // (3 * d) // T * n_heads
+    """The block's attention on its own, for callers that time it alone: qkv is the
+    flat (B*T, 3d) buffer of projection rows [Q | K | V]; each head's output replaces
+    its Q columns.  The block gets K and V already packed from its projection (qkv_task);
+    here a packing pass (pack_head) comes first."""
+    nseq = qkv.size // (3 * d) // T
+    nbh = nseq * n_heads
     if T * T * (d // n_heads) <= DIRECT_MAX:
         srow = np.empty(nbh * T)
         for t in prange(nbh):
             attention_direct_task(qkv, T, d, n_heads, causal, t, srow)
         return
-    kt, vp = attention_buffers(qkv, T, d, n_heads)
+    kt, vp = attention_buffers(qkv, nseq, T, d, n_heads)
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ((T + BQ - 1) // BQ)):
-        attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
+        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp)
 
 
 def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
@@ -245,41 +352,42 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, _ = weight_layout(d, dff, NR)
     rows = H.size // d
     nseq = rows // T
-    ld = 3 * d
     dt = H.dtype
-    qkv = np.empty(rows * ld, dtype=dt)
-    # 1. [LN1 +] QKV projection; split columns too when there are few row blocks
+    direct = T * T * (d // n_heads) <= DIRECT_MAX
+    if direct:
+        # tiny sequences: Q, K, V side by side in one (rows, 3d) buffer, read in place
+        ldq = 3 * d
+        q = np.empty(rows * ldq, dtype=dt)
+        kt = vp = np.empty(0, dtype=dt)
+    else:
+        # Q (rows, d), later overwritten by the heads' outputs; K and V packed per head
+        ldq = d
+        q = np.empty(rows * ldq, dtype=dt)
+        kt, vp = attention_buffers(q, nseq, T, d, n_heads)
+    # 1. [LN1 +] QKV projection; split by columns too when there are few row blocks
     mc = rows_per_task(rows, MC, nthr)
     nrb = (rows + mc - 1) // mc
-    npq = (ld + NR - 1) // NR
+    npq = 3 * ((d + NR - 1) // NR)
     groups = min(npq, max(1, 8 // nrb))
     for t in prange(nrb * groups):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
-        if pre_ln:
-            xn = np.empty((r1 - r0) * d, dtype=dt)
-            layernorm_rows(H, r0 * d, d, xn, 0, d, r1 - r0, d, Wf, o_g1, o_be1, eps)
-            gemm_block(xn, 0, d, 0, r1 - r0, Wf, o_qkv, d, ld, p0, p1, qkv, r0 * ld, ld, False, KC)
-        else:
-            gemm_block(H, 0, d, r0, r1, Wf, o_qkv, d, ld, p0, p1, qkv, 0, ld, False, KC)
+        qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
+                 q, ldq, kt, vp, not direct)
 
-    if T * T * (d // n_heads) <= DIRECT_MAX:
+    if direct:
         # 2+3 for tiny sequences: one task per (sequence, head), no packing
         srow = np.empty(nseq * n_heads * T)
         for t in prange(nseq * n_heads):
-            attention_direct_task(qkv, T, d, n_heads, causal, t, srow)
+            attention_direct_task(q, T, d, n_heads, causal, t, srow)
     else:
-        # 2. per (sequence, head): K^T panels, V rows made contiguous
-        kt, vp = attention_buffers(qkv, T, d, n_heads)
-        for t in prange(nseq * n_heads):
-            pack_head(qkv, T, d, n_heads, t, kt, vp)
         # 3. attention per (sequence, head, query tile), head by head, costly tiles first
         nqt = (T + BQ - 1) // BQ
         for t in prange(nseq * n_heads * nqt):
-            attention_task(qkv, T, d, n_heads, causal, t, kt, vp)
+            attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
 
-    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of qkv).  The
-    # output is allocated only now, after the packed K and V of stage 2 are freed: at
-    # d_model=768, T=4096 that keeps 12 MiB off the peak
+    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of q).  The
+    # output is allocated only now, after the packed K and V are freed: at d_model=768,
+    # T=4096 that keeps 12 MiB off the peak
     out3 = np.empty(H3.shape, dtype=H3.dtype)
     out = out3.reshape(out3.size)
     npo = (d + NR - 1) // NR
@@ -290,7 +398,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         c1 = min(d, p1 * NR)
         for r in range(r0, r1):
             copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
-        gemm_block(qkv, 0, ld, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
+        gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
 
     # 5. FFN per row tile, residual and LayerNorms fused
     mf = rows_per_task(rows, MF, nthr)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .kernels.activations import ACTIVATION_CODES, bias_act_rows
 from .kernels.block import block_parallel, block_serial, weight_layout
-from .kernels.gemm import pack_b, panel_width
+from .kernels.gemm import pack_b, packed_size, panel_width
 from .kernels.layernorm import layernorm_rows
 from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
 
@@ -57,7 +57,9 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     flat[:] = 0
     cast = lambda a: np.asarray(a, dtype=dtype)
     # the cast happens once here, so float64 weights with float32 inputs run in float32
-    pack_b(cast(np.concatenate([weights.w_q, weights.w_k, weights.w_v], axis=1)), flat[o_qkv:o_o])
+    step = (o_o - o_qkv) // 3           # W_q, W_k, W_v packed one after another
+    for j, w in enumerate((weights.w_q, weights.w_k, weights.w_v)):
+        pack_b(cast(w), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
     pack_b(cast(weights.w_o), flat[o_o:o_1])
     pack_b(cast(weights.w_ff1), flat[o_1:o_2])
     pack_b(cast(weights.w_ff2), flat[o_2:o_b1])

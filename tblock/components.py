@@ -340,7 +340,9 @@ def _numba_components(cfg, weights, dtype):
     def attention(X):
         T = X.shape[0]
         qkv = np.empty(T * 3 * d, dtype=dtype)
-        parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv, 3 * d, qkv, 3 * d)
+        step = (o_o - o_qkv) // 3       # W_q, W_k, W_v are packed one after another
+        for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
+            parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
         parallel(nb_attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
         parallel(_nb_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)

@@ -12,7 +12,7 @@ import tblock
 from tblock import oracle
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
 from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from tblock.kernels.block import BK
+from tblock.kernels.block import BK, store_kt, store_v
 from tblock.kernels.gemm import NV
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.simd import lanes, vexp, vload_n, vstore_n
@@ -201,3 +201,38 @@ def test_tiled_attention_matches_oracle_at_edge_shapes(causal, T, dk, dtype):
     tol = 1e-12 if dtype == np.float64 else 5e-6
     np.testing.assert_allclose(out.reshape(T, dk), attention_reference(Q, K, V, 0.3, causal),
                                rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("B, T, n_heads, dk", [(1, 1, 1, 1), (2, 5, 2, 1), (3, 70, 3, 17),
+                                               (1, 130, 2, 64), (2, 33, 4, 40)])
+def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtype):
+    """The block's projection tasks write K and V straight into the layouts attention reads,
+    a block of rows and a range of columns at a time (store_kt, store_v).  Pieces whose rows
+    cross a sequence boundary and whose columns split heads must give exactly what packing
+    whole heads gives (pack_kt, pack_rows, as attention_core does), padding included."""
+    rng = np.random.default_rng(7)
+    d = n_heads * dk
+    rows = B * T
+    NR = NV * 64 // np.dtype(dtype).itemsize
+    ktn = -(-T // NR) * dk * NR
+    ldv = -(-dk // NR) * NR
+    K = rng.standard_normal((rows, d)).astype(dtype)
+    V = rng.standard_normal((rows, d)).astype(dtype)
+    want_kt = np.full(B * n_heads * ktn, np.nan, dtype)
+    want_vp = np.full(B * n_heads * T * ldv, np.nan, dtype)
+    for b in range(B):
+        for h in range(n_heads):
+            bh = b * n_heads + h
+            pack_kt(K.reshape(-1), b * T * d + h * dk, d, T, dk, want_kt, bh * ktn)
+            pack_rows(V.reshape(-1), b * T * d + h * dk, d, T, dk, want_vp, bh * T * ldv, ldv)
+    got_kt = np.full_like(want_kt, np.nan)
+    got_vp = np.full_like(want_vp, np.nan)
+    rcuts = np.unique(np.r_[0, rng.integers(0, rows, 3), rows])
+    ccuts = np.unique(np.r_[0, rng.integers(0, d, 2), d])
+    for r0, r1 in zip(rcuts[:-1], rcuts[1:]):
+        for c0, c1 in zip(ccuts[:-1], ccuts[1:]):
+            store_kt(np.ascontiguousarray(K[r0:r1]).reshape(-1), r0, r1, c0, c1, T, n_heads, dk, got_kt)
+            store_v(np.ascontiguousarray(V[r0:r1]).reshape(-1), r0, r1, c0, c1, T, n_heads, dk, got_vp)
+    np.testing.assert_array_equal(got_kt, want_kt)
+    np.testing.assert_array_equal(got_vp, want_vp)
