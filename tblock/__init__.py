@@ -16,10 +16,21 @@ from .worked_example import LESSON_PRINTED, load_worked_example
 __version__ = "0.1.0"
 
 
+# The default backend, and with it Numba, is imported with tblock: nearly every use loads
+# it anyway (BlockWeights checks finiteness with a compiled kernel, even for the numpy
+# oracle), and a process that has imported tblock then holds the runtime its forward pass
+# runs on, as one that has imported torch does.  Measured here: `import tblock` 0.13 ->
+# 0.41 s, 27 -> 96 MiB; the first compiled call still adds ~60 MiB for LLVM's JIT.
+# Compiling happens on first use or in warmup(), never at import.
+try:
+    from . import _numba_backend as _default_backend
+except ImportError:         # Numba missing or broken: forward(backend="numba") says why
+    _default_backend = None
+
+
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the default "numba" backend
-    for float32 and float64, so that no later call pays for compilation.  Numba is only
-    imported here (and on first use of the backend), so `import tblock` stays light."""
+    for float32 and float64, so that no later call pays for compilation."""
     from ._numba_backend import warmup as _warmup
     _warmup()
 

@@ -53,8 +53,8 @@ def check_finite(name: str, a: np.ndarray) -> None:
 
 
 def _all_finite(a: np.ndarray) -> bool:
-    # the compiled check (tblock.kernels.validate) is imported on first use, so that
-    # `import tblock` does not pay for importing numba
+    # the compiled check (tblock.kernels.validate) is imported on first use: importing
+    # it at the top would make tblock.weights fail to import where Numba is missing
     global _all_finite
     from .kernels.validate import all_finite
     _all_finite = all_finite
