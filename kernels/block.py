@@ -364,11 +364,12 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         ldq = d
         q = np.empty(rows * ldq, dtype=dt)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
-    # 1. [LN1 +] QKV projection; split by columns too when there are few row blocks
+    # 1. [LN1 +] QKV projection; split by columns too when there are few row blocks for
+    # the threads (a serial call gains nothing from it, and each piece redoes the LN1)
     mc = rows_per_task(rows, MC, nthr)
     nrb = (rows + mc - 1) // mc
     npq = 3 * ((d + NR - 1) // NR)
-    groups = min(npq, max(1, 8 // nrb))
+    groups = 1 if nthr == 1 else min(npq, max(1, 8 // nrb))
     for t in prange(nrb * groups):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
         qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
@@ -391,7 +392,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     out3 = np.empty(H3.shape, dtype=H3.dtype)
     out = out3.reshape(out3.size)
     npo = (d + NR - 1) // NR
-    groups = min(npo, max(1, 8 // nrb))
+    groups = 1 if nthr == 1 else min(npo, max(1, 8 // nrb))
     for t in prange(nrb * groups):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
         c0 = p0 * NR
