@@ -96,14 +96,15 @@ def get_backend(name):
 def check_input(H, cfg: BlockConfig, name: str = "H") -> np.ndarray:
     """Validate a (T, d_model) or (B, T, d_model) float array; return it unchanged."""
     H = as_float_array(name, H)
-    if H.ndim not in (2, 3):
-        raise ValueError(f"{name} must be (T, d_model) or (B, T, d_model), got shape {H.shape}")
-    if H.shape[-1] != cfg.d_model:
-        raise ValueError(f"{name} must have d_model={cfg.d_model} columns, got shape {H.shape}")
-    if H.shape[-2] == 0:
-        raise ValueError(f"{name} must have at least one token (T >= 1), got shape {H.shape}")
-    if H.ndim == 3 and H.shape[0] == 0:
-        raise ValueError(f"{name} must have at least one sequence (B >= 1), got shape {H.shape}")
+    shape = H.shape                     # fetched once: each .shape builds a new tuple
+    if len(shape) not in (2, 3):
+        raise ValueError(f"{name} must be (T, d_model) or (B, T, d_model), got shape {shape}")
+    if shape[-1] != cfg.d_model:
+        raise ValueError(f"{name} must have d_model={cfg.d_model} columns, got shape {shape}")
+    if shape[-2] == 0:
+        raise ValueError(f"{name} must have at least one token (T >= 1), got shape {shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{name} must have at least one sequence (B >= 1), got shape {shape}")
     check_finite(name, H)
     return H
 
@@ -123,18 +124,20 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     H = check_input(H, cfg)
     if not H.dtype.isnative:
         H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
-    H3 = H[None] if H.ndim == 2 else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
+    flat = H.ndim == 2
+    H3 = H[None] if flat else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
     if H3.flags.c_contiguous:
-        H3.flags.writeable = False      # a backend cannot write into the caller's array
+        H3.setflags(write=False)        # a backend cannot write into the caller's array
     else:
         H3 = np.ascontiguousarray(H3)   # any strides in, C order to the backend (a private copy)
     H_out, tr = module.forward_batch(H3, weights, cfg, trace)
-    if H_out.dtype != H.dtype:
+    if H_out.dtype is not H.dtype and H_out.dtype != H.dtype:
         H_out = H_out.astype(H.dtype)   # float64 backends (numpy, c) on float32 input
-    H_out = H_out.reshape(H.shape)
+    if flat:
+        H_out = H_out[0]                # (T, d_model) for a 2-D input (cheaper than a reshape)
     if not trace:
         return H_out
-    if H.ndim == 2:
+    if flat:
         tr = {k: v[0] for k, v in tr.items()}                    # drop the batch axis of 1
     return H_out, Trace(**{k: np.asarray(tr[k], dtype=H.dtype) for k in TRACE_NAMES})
 
