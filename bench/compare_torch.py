@@ -278,7 +278,7 @@ _MEM_CHILD = textwrap.dedent("""
 
 # The same measurement for the PyTorch block: its baseline is the RSS after `import torch`
 # (which already holds torch's kernels and thread pools, ~200 MiB here).  The child does
-# not import tblock (whose weight checks would load Numba into it): it gets TorchBlock's
+# not import tblock (which would load Numba into it): it gets TorchBlock's
 # source and draws the weights with numpy, the same way init_weights does.
 _TORCH_MEM_CHILD = """
 import json, sys, types
