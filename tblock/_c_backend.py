@@ -231,6 +231,10 @@ def trace_shapes(B: int, T: int, cfg) -> dict:
     return shapes
 
 
+# tblock.api checks H for NaN/Inf before calling forward_batch
+CHECKS_FINITE = False
+
+
 def forward_batch(H: np.ndarray, weights, cfg, trace: bool):
     """Backend entry point: H (B, T, d_model) float32/float64; returns float64 H_out and,
     if asked, the trace dict with a leading batch axis."""

@@ -102,6 +102,10 @@ def block_forward_one(H_in, w, cfg):
     return tr["H_out"], tr
 
 
+# tblock.api checks H for NaN/Inf before calling forward_batch
+CHECKS_FINITE = False
+
+
 def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace: bool):
     """Backend entry point: H is (B, T, d_model); returns float64 H_out and, if asked,
     the trace as a dict of arrays with a leading batch axis."""

@@ -79,6 +79,25 @@ def test_non_finite_input(good, backend, bad):
     np.testing.assert_array_equal(H, before)
 
 
+@pytest.mark.parametrize("trace", [False, True])
+@pytest.mark.parametrize("where", [(0, 0, 0), (1, 299, 63), (0, 150, 17)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_finite_input_found_by_the_compiled_block(where, dtype, trace):
+    """The numba backend looks for NaN/Inf inside its compiled call (CHECKS_FINITE): at a
+    size that runs in parallel, batched, the first and the last element included, for
+    a C-contiguous and a strided input, the error and the untouched input are the same."""
+    cfg = tblock.BlockConfig(d_model=64, n_heads=4)
+    w = tblock.init_weights(cfg, seed=0, dtype=dtype)
+    H = np.random.default_rng(0).standard_normal((2, 300, 64)).astype(dtype)
+    H[where] = np.nan
+    strided = np.repeat(H, 2, axis=2)[:, :, ::2]
+    for X in (H, strided):
+        before = X.copy()
+        with pytest.raises(ValueError, match=r"H must be finite, found nan at index \(%d, %d, %d\)" % where):
+            tblock.forward(X, w, cfg, backend="numba", trace=trace)
+        np.testing.assert_array_equal(X, before)
+
+
 # ---- weights --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("replace, exc, words", [
