@@ -76,7 +76,7 @@ def packed_len(K, N, NR):
 @njit(**JIT)
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
-    o_qkv, each (o_o - o_qkv) // 3 long, so that no panel mixes two of them), W_o, W_1,
+    o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
     W_2, then b1, b2, gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
     def up(x):
         return (x + 15) // 16 * 16

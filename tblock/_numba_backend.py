@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from .kernels.activations import ACTIVATION_CODES, bias_act_rows
-from .kernels.block import block_parallel, block_serial, weight_layout
+from .kernels.block import block_parallel, block_serial, packed_len, weight_layout
 from .kernels.gemm import pack_b, packed_size, panel_width
 from .kernels.layernorm import layernorm_rows
 from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
@@ -58,7 +58,7 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     flat[:] = 0
     cast = lambda a: np.asarray(a, dtype=dtype)
     # the cast happens once here, so float64 weights with float32 inputs run in float32
-    step = (o_o - o_qkv) // 3           # W_q, W_k, W_v packed one after another
+    step = packed_len(d, d, NR)         # W_q, W_k, W_v packed one after another
     for j, w in enumerate((weights.w_q, weights.w_k, weights.w_v)):
         pack_b(cast(w), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
     pack_b(cast(weights.w_o), flat[o_o:o_1])
@@ -76,9 +76,15 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     return flat
 
 
+def _flop_terms(d: int, dff: int) -> tuple[int, int]:
+    """A forward pass costs B*T*(per_row + per_key * (T + 1 if causal else 2T)) FLOPs:
+    the projections and the FFN per row, scores and A V per visible key."""
+    return 8 * d * d + 4 * d * dff, 2 * d
+
+
 def _block_flops(B: int, T: int, d: int, dff: int, causal: bool) -> int:
-    keys = (T + 1) / 2 if causal else T
-    return int(B * T * (8 * d * d + 4 * d * dff + 4 * keys * d))
+    per_row, per_key = _flop_terms(d, dff)
+    return B * T * (per_row + per_key * (T + 1 if causal else 2 * T))
 
 
 # tblock.api leaves the check that H is finite to this backend: the compiled block does it
@@ -88,13 +94,11 @@ CHECKS_FINITE = True
 
 def _plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
-    (cfg, packed weights, the block's scalar arguments, FLOPs per row, FLOPs per row and
-    visible key / (2 d_model))."""
+    (cfg, packed weights, the block's scalar arguments, then _flop_terms)."""
     key = (_KEY, dtype.char)
     flat = weights.prepared(key, lambda w: _pack_weights(w, dtype))
-    d, dff = cfg.d_model, cfg.d_ff
-    scalars = (cfg.n_heads, dff, cfg.causal, cfg.norm == "pre", _ACT[cfg.activation], cfg.eps)
-    return cfg, flat, scalars, 8 * d * d + 4 * d * dff, 2 * d
+    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", _ACT[cfg.activation], cfg.eps)
+    return (cfg, flat, scalars) + _flop_terms(cfg.d_model, cfg.d_ff)
 
 
 def forward_batch(H, weights, cfg, trace):

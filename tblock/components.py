@@ -250,8 +250,8 @@ try:
     from numba import njit, prange
 
     from .kernels.activations import ACTIVATION_CODES
-    from .kernels.block import (KC, MC, MF, attention_core as nb_attention_core, ffn_tile, rows_per_task,
-                                 task_tile, weight_layout)
+    from .kernels.block import (KC, MC, MF, attention_core as nb_attention_core, ffn_tile, packed_len,
+                                 rows_per_task, task_tile, weight_layout)
     from .kernels.gemm import NV, gemm_block
     from .kernels.layernorm import layernorm_rows
     from .kernels.options import JIT
@@ -340,7 +340,7 @@ def _numba_components(cfg, weights, dtype):
     def attention(X):
         T = X.shape[0]
         qkv = np.empty(T * 3 * d, dtype=dtype)
-        step = (o_o - o_qkv) // 3       # W_q, W_k, W_v are packed one after another
+        step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
             parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
         parallel(nb_attention_core, qkv, T, d, n_heads, cfg.causal)
