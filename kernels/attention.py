@@ -133,14 +133,22 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
             # the P V product of this row's micro-tile reads keys up to klim
             klim = min(kn, qa + min(m, i // MR * MR + MR) - k0)
         row = i * BK
+        # two running maxima: one vmax chain waits on its own latency (4 cycles a vector)
         mx = vsplat(S, -math.inf)
-        for j in range(0, nv, W):
+        mx2 = mx
+        # nv <= 0 for a row the causal mask hides the whole tile from (a key tile that
+        # starts inside the sub-tile): then neither loop may run
+        nfull = max(nv, 0) // (2 * W) * (2 * W)
+        for j in range(0, nfull, 2 * W):
+            mx = vmax(mx, vload(S, row + j))
+            mx2 = vmax(mx2, vload(S, row + j + W))
+        for j in range(nfull, nv, W):
             x = vload(S, row + j)
             if j + W > nv:                      # masked or past-the-tile lanes
                 x = vkeep(x, nv - j, -math.inf)
             mx = vmax(mx, x)
         m_old = mrow[r]
-        m_new = max(m_old, vhmax(mx))
+        m_new = max(m_old, vhmax(vmax(mx, mx2)))
         if m_new == -math.inf:
             # no allowed key yet for this query: contributes nothing
             for j in range(0, klim, W):
@@ -155,13 +163,17 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                 p_ = vkeep(p_, nv - j, 0.0)
             vstore(S, row + j, p_)
             acc = vadd(acc, p_)
+        if m_new == m_old:
+            # the running max stands (most key tiles after the first few): alpha would
+            # be exp(0) = 1, so skip the exp and the rescale of O
+            lrow[r] += vhsum(acc)
+            continue
         alpha = math.exp((m_old - m_new) * scale)     # 0 on the first contribution
         lrow[r] = lrow[r] * alpha + vhsum(acc)
         mrow[r] = m_new
-        if alpha != 1.0:
-            va = vsplat(O, alpha)
-            for c in range(0, ldv, W):
-                vstore(O, r * ldv + c, vmul(vload(O, r * ldv + c), va))
+        va = vsplat(O, alpha)
+        for c in range(0, ldv, W):
+            vstore(O, r * ldv + c, vmul(vload(O, r * ldv + c), va))
     # O += P V over this key tile (each micro-tile only up to its last key), in chunks
     # of KV_CHUNK keys: a 128 x 64 float32 slice of V (32 KiB) stays in L1 while all the
     # micro-tiles pass over it; a whole 256-key tile would not

@@ -15,7 +15,8 @@ from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pa
 from tblock.kernels.block import BK, store_kt, store_v
 from tblock.kernels.gemm import NV
 from tblock.kernels.layernorm import layernorm_rows
-from tblock.kernels.simd import lanes, vexp, vload_n, vstore_n
+from tblock.kernels.options import JIT
+from tblock.kernels.simd import lanes, vexp, vexp2, vload_n, vstore_n
 from tblock.kernels.softmax import ADDITIVE, BOOLEAN, CAUSAL, NO_MASK, masked_softmax_rows
 
 NO_ADD = np.zeros((1, 1))
@@ -89,6 +90,35 @@ def test_vector_exp_accuracy_and_edges(dtype, ulps):
     _exp_all(edge, out)
     assert out[0] == 0 and out[1] == np.inf and np.isnan(out[2])
     assert out[3] == 0 and out[4] == 0 and out[5] == np.inf
+
+
+# compiled with the kernels' own options: their fast-math flags (reassoc) once let LLVM
+# fold vexp2's rounding step away, which a plain @njit does not show
+@njit(**{**JIT, "cache": False})
+def _exp2_all(x, y):
+    W = lanes(x)
+    for i in range(0, x.size, W):
+        vstore_n(y, i, vexp2(vload_n(x, i, x.size - i)), x.size - i)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_vector_exp2_accuracy_and_edges(dtype):
+    """vexp2 (the softmax's 2^t, t <= 0) within 1 ulp of exp2 down to the smallest normal
+    number; below it, 2^lo (never 0 or a subnormal); NaN stays NaN."""
+    lo = -1022.0 if dtype == np.float64 else -126.0
+    x = np.concatenate([np.linspace(lo, 0.0, 100_003), np.random.default_rng(3).uniform(-30, 0, 10_000),
+                        -np.arange(0, 60, 0.5),        # ties of the rounding to an integer
+                        [0.0, -0.0, -1e-30, lo + 0.49, lo + 0.5]]).astype(dtype)
+    y = np.empty_like(x)
+    _exp2_all(x, y)
+    want = np.exp2(x.astype(np.longdouble))
+    err_ulps = np.abs(y - want) / np.spacing(want.astype(dtype)).astype(np.longdouble)
+    assert float(err_ulps.max()) <= 1.0, float(err_ulps.max())
+    edge = np.array([np.nan, -np.inf, lo - 1, -1e30], dtype=dtype)
+    out = np.empty_like(edge)
+    _exp2_all(edge, out)
+    assert np.isnan(out[0])
+    np.testing.assert_array_equal(out[1:], np.exp2(dtype(lo)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -175,6 +205,15 @@ def test_direct_attention_matches_oracle(causal, T, dk, dtype):
 
 
 @njit
+def _guarded(n, dtype):
+    """n elements of scratch between two 256-element runs of 1e30: a kernel that reads
+    outside its scratch picks one up, and the result shows it (a huge score or weight
+    wins every max and swamps every sum; a NaN could be dropped by a max)."""
+    buf = np.full(n + 512, 1e30, dtype)
+    return buf[256:256 + n]
+
+
+@njit
 def _tiled_head(X, ld, T, dk, causal, scale, out):
     """One head through the block's tiled path: pack K^T and V, flash_rows over all queries."""
     NR = NV * lanes(X)
@@ -185,16 +224,19 @@ def _tiled_head(X, ld, T, dk, causal, scale, out):
     pack_rows(X, 2 * dk, ld, T, dk, vp, 0, ldv)
     bk = min(BK, (T + NR - 1) // NR * NR)
     flash_rows(X, ld, 0, T, dk, kt, 0, vp, 0, ldv, 0, T, causal, scale, bk,
-               np.empty(T * dk, X.dtype), np.empty(min(T, QSUB) * bk, X.dtype), np.empty(T * ldv, X.dtype),
-               np.empty(T), np.empty(T), out, 0, dk)
+               _guarded(T * dk, X.dtype), _guarded(min(T, QSUB) * bk, X.dtype), _guarded(T * ldv, X.dtype),
+               _guarded(T, np.float64), _guarded(T, np.float64), out, 0, dk)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("T, dk", [(1, 1), (1, 64), (2, 3), (7, 1), (63, 8), (65, 17), (97, 64), (300, 5)])
+@pytest.mark.parametrize("T, dk", [(1, 1), (1, 64), (2, 3), (7, 1), (63, 8), (65, 17), (97, 64), (300, 5),
+                                   (530, 16)])
 def test_tiled_attention_matches_oracle_at_edge_shapes(causal, T, dk, dtype):
     """The flash kernel on shapes the block sends down the direct path (short T) and on
-    tile edges (a partial key panel, a partial query sub-tile, d_k not a lane multiple)."""
+    tile edges (a partial key panel, a partial query sub-tile, d_k not a lane multiple,
+    key tiles that start inside a query sub-tile: at T=300 and 530 the causal mask hides
+    the whole of a visited key tile from the sub-tile's first rows)."""
     X, ld, Q, K, V = head_rows(np.random.default_rng(5), T, dk, dtype)
     out = np.full(T * dk, np.nan, dtype=dtype)
     _tiled_head(X, ld, T, dk, causal, 0.3, out)
