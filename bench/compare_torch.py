@@ -263,10 +263,14 @@ def measured_fma_peak():
 
 def matched_efficiency(d, n_heads, T, pairs):
     """The block's causal GFLOP/s as a share of the FMA peak measured around the same
-    call.  This machine is a shared VM whose FMA throughput swings (peaks of 101 to 353
-    GFLOP/s were measured minutes apart): a peak measured once and a block timed a
-    minute later can be from different machines.  So each block call sits between two
-    short FMA bursts (~40 ms each when quiet), and is compared with their mean."""
+    call.  This machine is a shared VM whose speed swings: a peak measured once and a
+    block timed a minute later can be from different machines.  So each block call sits
+    between two short FMA bursts (~40 ms each when quiet) and is compared with their
+    mean.  That tells two kinds of slow spell apart: when the cores themselves are
+    shared, the bursts slow down with the block and the share holds; when only the block
+    slows (contention in the memory system, which a register-only FMA loop never
+    touches: the block streams its weights from the L3 the tenants share), the share
+    drops.  Both kinds were seen."""
     cfg = tblock.BlockConfig(d_model=d, n_heads=n_heads, causal=True, norm="pre", activation="gelu_tanh")
     w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
     H = np.random.default_rng(1).standard_normal((1, T, d)).astype(np.float32)
