@@ -13,9 +13,10 @@ tasks; each task calls the serial kernels of this package:
             written over that head's Q columns of the same rows (each Q tile is read
             by exactly one task, before it writes there), so out_concat needs no buffer
   4. W_O:   out = H + out_concat @ W_O (the residual is the GEMM's initial C)
-  5. FFN:   per row tile: [LN], up-projection, bias + activation on the tile, then the
-            down-projection accumulated onto the residual already in ``out`` [LN]:
-            the (rows, d_ff) hidden tile is the only place the hidden layer exists.
+  5. FFN:   per row tile: [LN], then per chunk of FF_CHUNK hidden columns:
+            up-projection, bias + activation, and the chunk's band of W_2 accumulated
+            onto the residual already in ``out`` [LN]: the (rows, FF_CHUNK) hidden
+            chunk is the only place the hidden layer exists.
 
 ``block_parallel`` runs every stage's tasks with ``prange``; ``block_serial`` is the
 same code compiled without it, for sizes where launching a parallel region costs more
@@ -39,7 +40,7 @@ from numba import njit, prange
 
 from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import MR, NV, gemm_block
+from .gemm import MR, NV, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .options import JIT
 from .simd import lanes, vadd, vload_n, vsplat, vstore_n
@@ -57,7 +58,12 @@ BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 a
 MF = 192      # rows per FFN task at most.  Every task streams all of W_1 and W_2 (19 MiB
               # at d_model=768, from L3), so more rows per task means fewer passes over
               # them: 192 rows ran the d_model=768 FFN 10-15% faster than 96 (measured side
-              # by side, T=1024 and 4096), although the 2.3 MiB hidden tile spills to L3
+              # by side, T=1024 and 4096); 384 measured no faster with FF_CHUNK
+FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and of NR for both dtypes:
+              # the 192 x 256 chunk (192 KiB) stays in L2.  Side by side with the whole
+              # (192, 3072) hidden tile, which spilled to L3: 768/4096 median 0.90, fastest
+              # 0.99; 768/1024 0.97 / 1.00; 384/1024 0.95 / 0.95, bitwise the same output.
+              # The medians gain most: busy spells here are L3 contention from other tenants
 # attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
 # this.  Measured per head, float32, causal (direct / packed + tiled): T=4, d_k=16 0.16 /
 # 1.8 us; T=16, d_k=16 1.6 / 3.5 us; T=8, d_k=64 0.7 / 4.3 us; T=32, d_k=16 (16384) 7.5 /
@@ -131,25 +137,36 @@ def task_tile(t, groups, mc, rows, npanels):
 @njit(**JIT)
 def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     """The feed-forward of m rows: out[r] = [out[r] +] b2 + act(X[r] W_1 + b1) W_2, with
-    X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X may be those rows of
-    out (the up-projection has read them all before out is written).
+    X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X must not overlap out
+    (out is written before X is read for the last chunk).
 
-    The (m, d_ff) hidden tile is the only place the hidden layer exists.  Its rows are
-    one cache line longer than d_ff: with d_ff = 3072 floats a row is 12 KiB, and rows a
-    multiple of 4 KiB apart all fall in the same L1 sets, where the down-projection's
-    six A rows and its B slice would evict each other."""
+    The hidden layer is made FF_CHUNK columns at a time: up-projection of the chunk,
+    bias + activation, then its band of W_2 rows accumulated onto out.  The (m, FF_CHUNK)
+    hidden chunk is the only place the hidden layer exists, and it stays in L2 while the
+    down-projection reads it once per output panel (a whole (192, 3072) hidden tile
+    spilled to L3 and was read back 12 times).  The summation order over d_ff is the
+    same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
     NR = NV * lanes(Wf)
     o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
-    ldh = dff + 64 // X.itemsize
+    ch = min(FF_CHUNK, (dff + NR - 1) // NR * NR)
+    # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
+    # fall in the same L1 sets, where the micro-kernel's six A rows evict each other
+    ldh = ch + 64 // X.itemsize
     hid = np.empty(m * ldh, dtype=X.dtype)
-    gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, 0, (dff + NR - 1) // NR, hid, 0, ldh, False, KC)
-    bias_act_rows(hid, 0, ldh, m, dff, Wf, o_b1, act)
     for r in range(m):
         if residual:
             copy_add(out, out_off + r * d, out, out_off + r * d, d, Wf, o_b2, True)
         else:
             copy_add(Wf, o_b2, out, out_off + r * d, d, Wf, 0, False)
-    gemm_block(hid, 0, ldh, 0, m, Wf, o_2, dff, d, 0, (d + NR - 1) // NR, out, out_off, d, True, KC)
+    for c0 in range(0, dff, ch):
+        cw = min(ch, dff - c0)
+        # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
+        gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, (c0 + cw + NR - 1) // NR,
+                   hid, -c0, ldh, False, KC)
+        bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
+        # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
+        gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, (d + NR - 1) // NR,
+                    out, out_off, d, True, KC)
 
 
 @njit(**JIT)
@@ -422,10 +439,12 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g2, o_be2, eps)
             ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
         else:
-            # out holds H + A_out: H_mid = LN1(that), in place; the FFN reads H_mid (all of
-            # its up-projection is done before ffn_tile first writes to out)
-            layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g1, o_be1, eps)
-            ffn_tile(out, r0 * d, m, d, dff, Wf, act, out, r0 * d, True)
+            # out holds H + A_out: H_mid = LN1(that) goes to xn (the FFN's input) and back
+            # into out (its residual): ffn_tile writes out while it still reads its input
+            xn = np.empty(m * d, dtype=dt)
+            layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g1, o_be1, eps)
+            copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)
+            ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
             layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
 
     return out3

@@ -150,32 +150,43 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
 
 @njit(**JIT)
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
+    """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially, for a packed
+    B of K rows (gemm_panels with the panel stride K * NR)."""
+    NR = NV * lanes(Bp)
+    gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC)
+
+
+@njit(**JIT)
+def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
     """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially.
 
-    A[i, k] = A.flat[a_off + i*lda + k]; C[i, j] = C.flat[c_off + i*ldc + j]; B is the
-    packed matrix starting at Bp[b_off].  Loop order: panels, then k blocks of KC, then
-    micro row-tiles: the KC x NR slice of a panel (KC=128: 32 KiB of float32) stays in
-    L1 while every row tile of the block passes over it, and the block's C panel stays
-    in L1/L2 across the k blocks (measured 5-10% faster than k blocks outermost).
+    A[i, k] = A.flat[a_off + i*lda + k]; C[i, j] = C.flat[c_off + i*ldc + j]; B[k, j] of
+    panel p is Bp[b_off + p*ldp + k*NR + j - p*NR]: a packed matrix's panels are ldp
+    apart, so B can be a band of K rows out of a taller packed matrix (ldp = its rows
+    times NR, b_off pointing at the band's first row in panel 0).  Loop order: panels,
+    then k blocks of KC, then micro row-tiles: the KC x NR slice of a panel (KC=128:
+    32 KiB of float32) stays in L1 while every row tile of the block passes over it,
+    and the block's C panel stays in L1/L2 across the k blocks (measured 5-10% faster
+    than k blocks outermost).
 
     The weights (B) do not fit L2 and each slice is used for only one pass of row tiles,
-    so while one slice is in use the next one (contiguous in the packed layout) is
-    prefetched into L2, a few lines before each micro-kernel call: the first row tile of
-    a slice then finds it in L2 instead of waiting on L3 (4-9% on the d_model=768 FFN,
-    measured side by side)."""
+    so while one slice is in use the next one is prefetched into L2, a few lines before
+    each micro-kernel call: the first row tile of a slice then finds it in L2 instead of
+    waiting on L3 (4-9% on the d_model=768 FFN, measured side by side)."""
     NR = NV * lanes(Bp)
     W = lanes(Bp)
-    end = b_off + p1 * K * NR             # nothing past the last panel is prefetched
     ntiles = (i1 - i0 + MR - 1) // MR
+    end = b_off + (p1 - 1) * ldp + K * NR     # nothing past the last band is prefetched
     for p in range(p0, p1):
         n = min(NR, N - p * NR)
         for kc0 in range(0, K, KC):
             kc = min(KC, K - kc0)
             acc = accumulate or kc0 > 0
-            pb = b_off + p * K * NR + kc0 * NR
-            nxt = pb + kc * NR              # the next slice starts where this one ends
+            pb = b_off + p * ldp + kc0 * NR
+            # the next slice: the rest of this panel's band, else the next panel's
+            nxt = pb + kc * NR if kc0 + kc < K else b_off + (p + 1) * ldp
             per = (kc * NR // W + ntiles - 1) // ntiles    # its cache lines per row tile
-            if nxt >= end:
+            if kc0 + kc >= K and p + 1 >= p1:
                 per = 0                     # the last slice: nothing follows it
             line = nxt
             for i in range(i0, i1, MR):

@@ -130,6 +130,23 @@ def test_named_edge_shapes():
         assert rel_err(tblock.forward(H, w, cfg, backend="numba"), tblock.forward(H, w, cfg, backend="numpy")) < F64_TOL
 
 
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("d_ff", [255, 256, 257, 300, 513])
+def test_ffn_chunk_edges(norm, d_ff):
+    """The FFN makes its hidden layer FF_CHUNK (256) columns at a time: d_ff just under,
+    at and over one chunk, a partial last chunk and a partial last panel, with biases
+    and LayerNorm affines, for the serial (T=5) and the parallel (T=70) block."""
+    from tblock.kernels.block import FF_CHUNK
+    assert FF_CHUNK == 256                        # the d_ff values above are chosen around it
+    cfg = tblock.BlockConfig(d_model=40, n_heads=4, d_ff=d_ff, norm=norm, ffn_bias=True, ln_affine=True)
+    w = random_weights(cfg, 7)
+    for T in (5, 70):
+        H = np.random.default_rng(T).standard_normal((2, T, 40)).astype(np.float32).astype(np.float64)
+        want = tblock.forward(H, w, cfg, backend="numpy")
+        assert rel_err(tblock.forward(H, w, cfg, backend="numba"), want) < F64_TOL
+        assert rel_err(tblock.forward(H.astype(np.float32), w, cfg, backend="numba"), want) < F32_TOL
+
+
 # ------------------------------------------------------------------ the lesson's example
 
 
