@@ -1,4 +1,4 @@
-"""Kernel-level checks of tblock.kernels: masking, extreme values, the vector exp."""
+"""Kernel-level checks of tblock.kernels: the GEMM, masking, extreme values, the vector exp."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import tblock
 from tblock import oracle
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
 from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from tblock.kernels.block import BK, store_kt, store_v
-from tblock.kernels.gemm import NV
+from tblock.kernels.block import BK, KC, store_kt, store_v
+from tblock.kernels.gemm import NV, gemm_block, gemm_panels, pack_b, packed_size, panel_width
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.options import JIT
 from tblock.kernels.simd import lanes, vexp, vexp2, vload_n, vstore_n
@@ -58,6 +58,53 @@ def test_masked_softmax_kinds(dtype):
     masked_softmax_rows(S, 1.0, ADDITIVE, add, NO_KEEP, out)
     np.testing.assert_allclose(out, reference_softmax(S + add, 1.0, np.isfinite(add)), atol=tol)
     assert np.all(out[3] == 0) and not np.isnan(out).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("M, K, N", [(1, 1, 1), (4, 8, 8), (6, 128, 64), (5, 129, 65), (13, 300, 130),
+                                     (7, 16, 200), (20, 257, 33)])
+def test_gemm_block_matches_numpy(M, K, N, dtype):
+    """C (+)= A @ B over row and panel sub-ranges, on the one-micro-tile shortcut (M <= 6,
+    one panel, K <= KC) and on the tiled loops (k blocks, partial panels and row tiles);
+    A and C with row strides wider than their rows; nothing outside the range written."""
+    rng = np.random.default_rng(M * 1000 + K + N)
+    NR = panel_width(dtype)
+    A = rng.standard_normal((M, K + 3)).astype(dtype)         # lda = K + 3
+    B = rng.standard_normal((K, N)).astype(dtype)
+    Bp = np.empty(packed_size(K, N, NR), dtype)
+    pack_b(B, Bp)
+    npan = -(-N // NR)
+    for i0, i1, p0, p1 in [(0, M, 0, npan), (M // 2, M, npan // 2, npan), (0, (M + 1) // 2, 0, 1)]:
+        c0, c1 = p0 * NR, min(N, p1 * NR)
+        for accumulate in (False, True):
+            C = rng.standard_normal((M, N + 5)).astype(dtype)  # ldc = N + 5
+            want = C.copy()
+            prod = A[i0:i1, :K].astype(np.float64) @ B[:, c0:c1].astype(np.float64)
+            want[i0:i1, c0:c1] = prod + (want[i0:i1, c0:c1] if accumulate else 0)
+            gemm_block(A.reshape(-1), 0, K + 3, i0, i1, Bp, 0, K, N, p0, p1, C.reshape(-1), 0, N + 5,
+                       accumulate, KC)
+            tol = 1e-12 if dtype == np.float64 else 1e-5
+            np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(K))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gemm_panels_reads_a_band_of_rows(dtype):
+    """A band of rows k0..k0+kb of a packed B (the FFN's chunk of W_2): with the full
+    matrix's panel stride, the result is A @ B[k0:k0+kb, :]."""
+    rng = np.random.default_rng(9)
+    NR = panel_width(dtype)
+    Kfull, N, M = 600, 150, 11
+    B = rng.standard_normal((Kfull, N)).astype(dtype)
+    Bp = np.empty(packed_size(Kfull, N, NR), dtype)
+    pack_b(B, Bp)
+    for k0, kb in [(0, 256), (256, 256), (512, 88), (5, 3)]:
+        A = rng.standard_normal((M, kb)).astype(dtype)
+        C = np.zeros((M, N), dtype)
+        gemm_panels(A.reshape(-1), 0, kb, 0, M, Bp, k0 * NR, Kfull * NR, kb, N, 0, -(-N // NR),
+                    C.reshape(-1), 0, N, False, KC)
+        want = A.astype(np.float64) @ B[k0:k0 + kb].astype(np.float64)
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(kb))
 
 
 def test_softmax_extreme_logits_stay_finite():
