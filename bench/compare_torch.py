@@ -110,11 +110,17 @@ def side_by_side(fa, fb, min_reps, budget_s):
     return np.median(ta), np.median(tb), len(ta), min(ta), min(tb)
 
 
-def bench_point(d, n_heads, T, quick):
+def block_case(d, n_heads, T):
+    """The compared block (causal Pre-LN, tanh GELU, no biases) with its weights and a
+    (1, T, d) input, and a call of tblock's numba backend on them."""
     cfg = tblock.BlockConfig(d_model=d, n_heads=n_heads, causal=True, norm="pre", activation="gelu_tanh")
     w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
     H = np.random.default_rng(1).standard_normal((1, T, d)).astype(np.float32)
-    ours = lambda: tblock.forward(H, w, cfg, backend="numba")
+    return w, H, lambda: tblock.forward(H, w, cfg, backend="numba")
+
+
+def bench_point(d, n_heads, T, quick):
+    w, H, ours = block_case(d, n_heads, T)
     row = {"d": d, "heads": n_heads, "T": T}
     if torch is None:
         ts = [_timed(ours) for _ in range(3 if quick else 7)]
@@ -271,10 +277,7 @@ def matched_efficiency(d, n_heads, T, pairs):
     slows (contention in the memory system, which a register-only FMA loop never
     touches: the block streams its weights from the L3 the tenants share), the share
     drops.  Both kinds were seen."""
-    cfg = tblock.BlockConfig(d_model=d, n_heads=n_heads, causal=True, norm="pre", activation="gelu_tanh")
-    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
-    H = np.random.default_rng(1).standard_normal((1, T, d)).astype(np.float32)
-    f = lambda: tblock.forward(H, w, cfg, backend="numba")
+    f = block_case(d, n_heads, T)[2]
     f()
     n = 8_000_000
     fl = causal_flops(d, T)
@@ -435,7 +438,6 @@ def main(argv=None):
             print(f"d_model=768, T=4096 causal, {what}: {gf:.1f} GFLOP/s = {100 * gf / best:.0f}% of the best "
                   f"measured GEMM, {100 * gf / fma:.0f}% of the measured FMA peak"
                   + (f", {100 * gf / peak:.0f}% of the nominal peak" if peak else ""))
-    if big:
         m = matched_efficiency(768, 12, 4096, 3 if args.quick else 9)
         results["matched_efficiency_768_4096"] = m
         print(f"d_model=768, T=4096 causal, each call against the FMA peak measured around it "
