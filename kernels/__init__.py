@@ -5,8 +5,10 @@ writing into caller-allocated outputs; ``tblock._numba_backend`` validates nothi
 API did) and only prepares weights and dispatches.
 
     options     compiler flags shared by all kernels (fast-math without nnan/ninf, cache)
-    simd        a 64-byte vector type and LLVM intrinsics (load/store, fma, exp, exp2)
-    gemm        6 x 4-vector register-blocked micro-kernel over pre-packed weight panels
+    isa         the vector path (avx512 / avx2 / generic): vector width, micro-tile, KC
+    cache       Numba's cache, one directory per path
+    simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
+    gemm        6 x NV-vector register-blocked micro-kernel over pre-packed weight panels
     layernorm   row LayerNorm with the affine fused in
     activations bias + activation (gelu_tanh, gelu_erf, relu) over a tile
     softmax     masked (causal / additive / boolean) row softmax, for the trace path
@@ -15,8 +17,11 @@ API did) and only prepares weights and dispatches.
     block       the whole block as one compiled call (serial and parallel builds), and
                 its stages as functions (qkv_task, attention_task, attention_core)
 
-Numba's cache does not track dependencies across files: after editing one kernel
-module, delete ``kernels/__pycache__`` (or the user cache directory) so that functions
-that inlined it are recompiled.  Installed copies are not affected (a reinstall gives
-every file a new timestamp).
+Numba's cache is one directory per vector path, and any edit to a module of this package
+invalidates all of it (``cache``): the block inlines code from every sibling.
 """
+
+from . import isa           # first: it may set Numba's target CPU before anything compiles
+from . import cache
+
+cache.install()

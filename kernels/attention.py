@@ -15,9 +15,9 @@ import math
 
 from numba import njit
 
-from .gemm import MR, NV, micro_kernel
+from .gemm import MR, micro_kernel
 from .options import JIT
-from .simd import (lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul,
+from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul,
                    vsplat, vstore, vstore_n)
 
 LOG2E = 1.4426950408889634
@@ -30,7 +30,7 @@ def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
     """K^T panels of one head: for panel p (keys p*NR .. p*NR+NR-1),
     Kt[kt_off + p*dk*NR + c*NR + j] = K[p*NR + j, c], zero for keys >= T.
     K[t, c] = X.flat[x_off + t*ldx + c]."""
-    NR = NV * lanes(Kt)
+    NR = panel_lanes(Kt)
     for p in range((T + NR - 1) // NR):
         base = kt_off + p * dk * NR
         for j in range(NR):
@@ -77,7 +77,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     With ``causal`` the key tiles at or beyond q1 (entirely above the diagonal) are never
     visited, nor the parts of a tile above a sub-tile's or micro-tile's last query."""
     W = lanes(Kt)
-    NR = NV * W
+    NR = panel_lanes(Kt)
     m = q1 - q0
     zero = vsplat(O, 0.0)
     c2 = scale * LOG2E

@@ -40,10 +40,10 @@ from numba import njit, prange
 
 from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import MR, NV, gemm_block, gemm_panels
+from .gemm import KC, MR, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .options import JIT
-from .simd import lanes, vadd, vload_n, vsplat, vstore_n
+from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .validate import all_finite
 
 # tile sizes (rows are tokens of all sequences together, except in attention)
@@ -51,7 +51,6 @@ MC = 192      # rows per QKV / W_O task at most (rows_per_task balances them).  
               # streams all of W_qkv or W_o: 192 rows read them half as often as 96
               # (side by side, 3 runs: 768/1024 median 0.99-1.00, fastest 0.94-0.97;
               # 384/1024 0.94-0.99; the 384 KiB+ A block still fits L2)
-KC = 128      # k block of the GEMMs: a 128 x 64 float32 panel slice is 32 KiB, in L1
 BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
 BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 amortises
               # the per-row softmax bookkeeping: ~15% faster than 128 at T=2048)
@@ -146,7 +145,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     down-projection reads it once per output panel (a whole (192, 3072) hidden tile
     spilled to L3 and was read back 12 times).  The summation order over d_ff is the
     same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
-    NR = NV * lanes(Wf)
+    NR = panel_lanes(Wf)
     o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
     ch = min(FF_CHUNK, (dff + NR - 1) // NR * NR)
     # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
@@ -173,7 +172,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
 def attention_buffers(like, nseq, T, d, n_heads):
     """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
     every (sequence, head), in the dtype of ``like``; see attention_task."""
-    NR = NV * lanes(like)
+    NR = panel_lanes(like)
     dk = d // n_heads
     ktn = ((T + NR - 1) // NR) * dk * NR
     ldv = ((dk + NR - 1) // NR) * NR
@@ -187,7 +186,7 @@ def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
     S.flat[(r - r0) * d + c] with d = n_heads * dk) into the K^T panels of their heads
     (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
     last panel.  Stores run along the keys, contiguous within a panel."""
-    NR = NV * lanes(Kt)
+    NR = panel_lanes(Kt)
     d = n_heads * dk
     ktn = ((T + NR - 1) // NR) * dk * NR
     r = r0
@@ -216,7 +215,7 @@ def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
     rows of Vp (ldv = d_k rounded up to NR); where c1 ends a head, its padding columns
     d_k..ldv are zeroed."""
     W = lanes(Vp)
-    NR = NV * W
+    NR = panel_lanes(Vp)
     d = n_heads * dk
     ldv = ((dk + NR - 1) // NR) * NR
     zero = vsplat(Vp, 0.0)
@@ -249,7 +248,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
     separate pass that packed K and V out of it are never needed (at d_model=768, T=4096
     they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
     Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
-    NR = NV * lanes(Wf)
+    NR = panel_lanes(Wf)
     npd = (d + NR - 1) // NR
     wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
     m = r1 - r0
@@ -282,7 +281,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
 def pack_head(qkv, T, d, n_heads, t, kt, vp):
     """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
     contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
-    NR = NV * lanes(kt)
+    NR = panel_lanes(kt)
     dk = d // n_heads
     ld = 3 * d
     ktn = ((T + NR - 1) // NR) * dk * NR
@@ -303,7 +302,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     share its K and V (2 MiB at T=4096) in L3; numbering the last tile of every head
     first instead (each thread on a different head) ran 12 heads at T=4096 on 2 threads
     in 185-199 ms against 132-155 ms this way (the same on 1 thread), measured side by side."""
-    NR = NV * lanes(kt)
+    NR = panel_lanes(kt)
     dk = d // n_heads
     ktn = ((T + NR - 1) // NR) * dk * NR
     ldv = ((dk + NR - 1) // NR) * NR
@@ -369,7 +368,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     Wf: the flat weights (weight_layout).  act: an activations.*_CODE.  nthr: the number
     of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
     an argument because calling get_num_threads in here makes the function uncacheable."""
-    NR = NV * lanes(Wf)
+    NR = panel_lanes(Wf)
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
     # crossing into compiled code (~0.4 us of the toy block's ~8 us call).  A NaN or an

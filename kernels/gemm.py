@@ -10,9 +10,11 @@ Layout
   * C: row-major (flat array, offset, row stride ldc); only the valid m x n corner of a
     micro-tile is ever written, so C and A need no padding.
 
-The micro-kernel keeps a 6 x 4-vector tile of C in 24 registers (6 x 64 float32 or
-6 x 32 float64) and per k step loads 4 vectors of B and broadcasts 6 elements of A:
-24 fmas per 10 loads, within the two load ports of the cores this targets.
+The micro-kernel keeps an MR x NR tile of C in registers, MR = 6 rows of one panel
+vector each (NV native vectors, NR = NV * lanes columns: isa.PATH): 6 x 4 zmm on avx512,
+6 x 2 ymm on avx2, 6 x 2 (or 4) xmm on generic.  Per k step it loads one row of B (NV
+vectors) and broadcasts 6 elements of A: 6 NV fmas per NV + 6 loads, and 6 NV + NV + 1
+registers live, within the register file of every path.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import lanes, prefetch_l2, vadd, vbcast, vfma, vload, vload_n, vsplat, vstore, vstore_n
+from .isa import MR, PATH
 from .options import JIT
+from .simd import (lanes, panel_lanes, pbcast, pload, pload_n, prefetch_l2, psplat, pstore, pstore_n,
+                   vadd, vfma)
 
-MR = 6          # rows of the micro-tile
-NV = 4          # vectors per row of the micro-tile: NR = NV * lanes columns
+NV = PATH.nv    # vectors per row of the micro-tile: NR = NV * lanes columns
+KC = PATH.kc    # k block: a KC x NR slice of a B panel stays in L1 while row tiles pass
 
 
 def panel_width(dtype) -> int:
-    """NR for a dtype: 4 vectors of 64 bytes."""
-    return NV * 64 // np.dtype(dtype).itemsize
+    """NR for a dtype: NV vectors of the path's width."""
+    return NV * PATH.vector_bytes // np.dtype(dtype).itemsize
 
 
 @njit(**JIT)
@@ -39,95 +43,45 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
     A[r, k] is A.flat[a_off + r*a_rs + k*a_ks]: (lda, 1) for a row-major matrix, (1, MR)
     for a packed panel.  Rows past m are computed from a repeated row 0 (no
     out-of-bounds reads) and never stored; B must have NR readable columns per row."""
-    W = lanes(B)
     a1 = a_off + (a_rs if m > 1 else 0)
     a2 = a_off + (2 * a_rs if m > 2 else 0)
     a3 = a_off + (3 * a_rs if m > 3 else 0)
     a4 = a_off + (4 * a_rs if m > 4 else 0)
     a5 = a_off + (5 * a_rs if m > 5 else 0)
-    z = vsplat(B, 0.0)
-    c00 = c01 = c02 = c03 = z
-    c10 = c11 = c12 = c13 = z
-    c20 = c21 = c22 = c23 = z
-    c30 = c31 = c32 = c33 = z
-    c40 = c41 = c42 = c43 = z
-    c50 = c51 = c52 = c53 = z
+    c0 = c1 = c2 = c3 = c4 = c5 = psplat(B, 0.0)
     for k in range(K):
-        bo = b_off + k * ldb
+        b = pload(B, b_off + k * ldb)
         ak = k * a_ks
-        b0 = vload(B, bo)
-        b1 = vload(B, bo + W)
-        b2 = vload(B, bo + 2 * W)
-        b3 = vload(B, bo + 3 * W)
-        x = vbcast(A, a_off + ak)
-        c00 = vfma(x, b0, c00)
-        c01 = vfma(x, b1, c01)
-        c02 = vfma(x, b2, c02)
-        c03 = vfma(x, b3, c03)
-        x = vbcast(A, a1 + ak)
-        c10 = vfma(x, b0, c10)
-        c11 = vfma(x, b1, c11)
-        c12 = vfma(x, b2, c12)
-        c13 = vfma(x, b3, c13)
-        x = vbcast(A, a2 + ak)
-        c20 = vfma(x, b0, c20)
-        c21 = vfma(x, b1, c21)
-        c22 = vfma(x, b2, c22)
-        c23 = vfma(x, b3, c23)
-        x = vbcast(A, a3 + ak)
-        c30 = vfma(x, b0, c30)
-        c31 = vfma(x, b1, c31)
-        c32 = vfma(x, b2, c32)
-        c33 = vfma(x, b3, c33)
-        x = vbcast(A, a4 + ak)
-        c40 = vfma(x, b0, c40)
-        c41 = vfma(x, b1, c41)
-        c42 = vfma(x, b2, c42)
-        c43 = vfma(x, b3, c43)
-        x = vbcast(A, a5 + ak)
-        c50 = vfma(x, b0, c50)
-        c51 = vfma(x, b1, c51)
-        c52 = vfma(x, b2, c52)
-        c53 = vfma(x, b3, c53)
-    _store_row(C, c_off, n, W, accumulate, c00, c01, c02, c03)
+        c0 = vfma(pbcast(A, a_off + ak), b, c0)
+        c1 = vfma(pbcast(A, a1 + ak), b, c1)
+        c2 = vfma(pbcast(A, a2 + ak), b, c2)
+        c3 = vfma(pbcast(A, a3 + ak), b, c3)
+        c4 = vfma(pbcast(A, a4 + ak), b, c4)
+        c5 = vfma(pbcast(A, a5 + ak), b, c5)
+    _store_row(C, c_off, n, accumulate, c0)
     if m > 1:
-        _store_row(C, c_off + ldc, n, W, accumulate, c10, c11, c12, c13)
+        _store_row(C, c_off + ldc, n, accumulate, c1)
     if m > 2:
-        _store_row(C, c_off + 2 * ldc, n, W, accumulate, c20, c21, c22, c23)
+        _store_row(C, c_off + 2 * ldc, n, accumulate, c2)
     if m > 3:
-        _store_row(C, c_off + 3 * ldc, n, W, accumulate, c30, c31, c32, c33)
+        _store_row(C, c_off + 3 * ldc, n, accumulate, c3)
     if m > 4:
-        _store_row(C, c_off + 4 * ldc, n, W, accumulate, c40, c41, c42, c43)
+        _store_row(C, c_off + 4 * ldc, n, accumulate, c4)
     if m > 5:
-        _store_row(C, c_off + 5 * ldc, n, W, accumulate, c50, c51, c52, c53)
+        _store_row(C, c_off + 5 * ldc, n, accumulate, c5)
 
 
 @njit(**JIT)
-def _store_row(C, off, n, W, accumulate, v0, v1, v2, v3):
-    """C.flat[off : off + n] (+)= [v0 v1 v2 v3][:n], full-width stores where possible."""
-    if n >= 4 * W:
+def _store_row(C, off, n, accumulate, v):
+    """C.flat[off : off + n] (+)= v[:n]: one full-width store when the row is whole."""
+    if n >= panel_lanes(C):
         if accumulate:
-            v0 = vadd(vload(C, off), v0)
-            v1 = vadd(vload(C, off + W), v1)
-            v2 = vadd(vload(C, off + 2 * W), v2)
-            v3 = vadd(vload(C, off + 3 * W), v3)
-        vstore(C, off, v0)
-        vstore(C, off + W, v1)
-        vstore(C, off + 2 * W, v2)
-        vstore(C, off + 3 * W, v3)
-    else:
-        _store_part(C, off, n, accumulate, v0)
-        _store_part(C, off + W, n - W, accumulate, v1)
-        _store_part(C, off + 2 * W, n - 2 * W, accumulate, v2)
-        _store_part(C, off + 3 * W, n - 3 * W, accumulate, v3)
-
-
-@njit(**JIT)
-def _store_part(C, off, n, accumulate, v):
-    if n > 0:
+            v = vadd(pload(C, off), v)
+        pstore(C, off, v)
+    elif n > 0:
         if accumulate:
-            v = vadd(vload_n(C, off, n), v)
-        vstore_n(C, off, v, n)
+            v = vadd(pload_n(C, off, n), v)
+        pstore_n(C, off, v, n)
 
 
 def packed_size(K: int, N: int, NR: int) -> int:
@@ -153,7 +107,7 @@ def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, ac
     """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially, for a packed
     B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is called:
     a call layer costs ~50 ns, and the lesson's toy block makes six of these calls."""
-    NR = NV * lanes(Bp)
+    NR = panel_lanes(Bp)
     gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC)
 
 
@@ -174,7 +128,7 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
     so while one slice is in use the next one is prefetched into L2, a few lines before
     each micro-kernel call: the first row tile of a slice then finds it in L2 instead of
     waiting on L3 (4-9% on the d_model=768 FFN, measured side by side)."""
-    NR = NV * lanes(Bp)
+    NR = panel_lanes(Bp)
     if p1 - p0 == 1 and K <= KC and i1 - i0 <= MR:
         # one micro-tile (the lesson's toy block is made of these): straight to the
         # micro-kernel, as the loops below would, without their set-up and divisions

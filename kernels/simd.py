@@ -1,16 +1,19 @@
-"""A tiny SIMD vocabulary for Numba kernels: one 64-byte vector type and a few intrinsics.
+"""A tiny SIMD vocabulary for Numba kernels: a vector type of the path's width and a few
+intrinsics.
 
 Why this exists: the hot loops (GEMM micro-kernels, the flash-attention tiles, the
-softmax exponentials, GELU) need register-blocked code with 512-bit vectors.  Numba's
-auto-vectoriser cannot give that: it never keeps a block of accumulators in registers
-across the k loop (it cannot prove the output does not alias the inputs), and on
-AVX-512 machines LLVM prefers 256-bit vectors for auto-vectorised loops.  Explicit
+softmax exponentials, GELU) need register-blocked code with full-width vectors.
+Numba's auto-vectoriser cannot give that: it never keeps a block of accumulators in
+registers across the k loop (it cannot prove the output does not alias the inputs), and
+on AVX-512 machines LLVM prefers 256-bit vectors for auto-vectorised loops.  Explicit
 ``<16 x float>`` / ``<8 x double>`` values are kept in registers by LLVM like any
-scalar and compile to zmm instructions.  On a CPU without AVX-512 LLVM splits them
-into two or four narrower vectors: slower, still correct.
+scalar and compile to one instruction each on a target of that width.
 
 Conventions
-  * A vector always holds 64 bytes: 16 float32 or 8 float64 lanes (``lanes(arr)``).
+  * A vector holds ``isa.PATH.vector_bytes`` bytes (64 on avx512, 32 on avx2, 16 on
+    generic): ``lanes(arr)`` elements of arr's dtype.  A *panel vector* holds the NV
+    vectors of one micro-tile row as one LLVM vector (``panel_lanes``, ``pload``, ...):
+    LLVM splits it into NV registers, so the GEMM is written once for every NV.
   * Memory is addressed as (C-contiguous array, flat element index).  No bounds
     checks and no negative-index wraparound: the caller guarantees the range is
     inside the array (that is what the ``_n`` variants with a lane count are for).
@@ -27,7 +30,13 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
-VECTOR_BYTES = 64
+from .isa import PATH
+
+VECTOR_BYTES = PATH.vector_bytes
+PANEL_VECTORS = PATH.nv          # vectors per micro-tile row (gemm.NV)
+# the generic path may have no FMA instruction (x86-64 baseline): fmuladd lets LLVM
+# use one where there is one and a multiply and an add elsewhere, instead of a libm call
+_FMA = "fmuladd" if PATH.name == "generic" else "fma"
 
 
 class Vec(types.Type):
@@ -48,6 +57,10 @@ class _VecModel(models.PrimitiveModel):
 
 def _vec_of(dtype):
     return Vec(dtype, VECTOR_BYTES // (dtype.bitwidth // 8))
+
+
+def _panel_of(dtype):
+    return Vec(dtype, PANEL_VECTORS * VECTOR_BYTES // (dtype.bitwidth // 8))
 
 
 def _is_float_array(a):
@@ -96,108 +109,112 @@ def _suffix(vtype):
 # ----------------------------------------------------------------------------- memory
 
 
-@intrinsic
-def lanes(typingctx, arr):
-    """Number of lanes of the vector type that goes with ``arr``'s dtype (a constant)."""
-    if not _is_float_array(arr):
-        return None
-    n = _vec_of(arr.dtype).lanes
+def _memory_ops(vec_of, prefix):
+    """lanes, load, masked load, store, masked store, broadcast and splat for the vector
+    type vec_of(dtype) gives: written once, made for the vector and the panel vector."""
 
-    def codegen(context, builder, sig, args):
-        return context.get_constant(types.intp, n)
-    return types.intp(arr), codegen
+    def lanes(typingctx, arr):
+        """Number of lanes of the vector type that goes with ``arr``'s dtype (a constant)."""
+        if not _is_float_array(arr):
+            return None
+        n = vec_of(arr.dtype).lanes
+
+        def codegen(context, builder, sig, args):
+            return context.get_constant(types.intp, n)
+        return types.intp(arr), codegen
+
+    def load(typingctx, arr, i):
+        """The vector arr.flat[i : i + lanes]."""
+        if not _is_float_array(arr) or not isinstance(i, types.Integer):
+            return None
+        vty = vec_of(arr.dtype)
+
+        def codegen(context, builder, sig, args):
+            p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
+            return builder.load(p, align=arr.dtype.bitwidth // 8)
+        return vty(arr, types.intp), codegen
+
+    def load_n(typingctx, arr, i, n):
+        """arr.flat[i : i + n] in the first n lanes (n may exceed lanes or be <= 0), zeros
+        after; memory beyond the first n elements is never touched."""
+        if not _is_float_array(arr):
+            return None
+        vty = vec_of(arr.dtype)
+
+        def codegen(context, builder, sig, args):
+            vtype = _vt(context, vty)
+            p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
+            mask = _lane_mask(builder, args[2], vty.lanes)
+            fnty = ir.FunctionType(vtype, [p.type, ir.IntType(32), mask.type, vtype])
+            return _masked(builder, f"llvm.masked.load.{_suffix(vtype)}.p0", fnty,
+                           [p, _i32(arr.dtype.bitwidth // 8), mask, ir.Constant(vtype, [0.0] * vty.lanes)])
+        return vty(arr, types.intp, types.intp), codegen
+
+    def store(typingctx, arr, i, v):
+        """arr.flat[i : i + lanes] = v."""
+        if not _is_float_array(arr) or v != vec_of(arr.dtype):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
+            builder.store(args[2], p, align=arr.dtype.bitwidth // 8)
+            return context.get_dummy_value()
+        return types.void(arr, types.intp, v), codegen
+
+    def store_n(typingctx, arr, i, v, n):
+        """arr.flat[i : i + n] = v[:n] for the first min(n, lanes) lanes; nothing else is
+        written."""
+        if not _is_float_array(arr) or v != vec_of(arr.dtype):
+            return None
+
+        def codegen(context, builder, sig, args):
+            vtype = _vt(context, v)
+            p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
+            mask = _lane_mask(builder, args[3], v.lanes)
+            fnty = ir.FunctionType(ir.VoidType(), [vtype, p.type, ir.IntType(32), mask.type])
+            _masked(builder, f"llvm.masked.store.{_suffix(vtype)}.p0", fnty,
+                    [args[2], p, _i32(arr.dtype.bitwidth // 8), mask])
+            return context.get_dummy_value()
+        return types.void(arr, types.intp, v, types.intp), codegen
+
+    def bcast(typingctx, arr, i):
+        """All lanes = arr.flat[i] (compiles to a broadcast load, often folded into the fma)."""
+        if not _is_float_array(arr):
+            return None
+        vty = vec_of(arr.dtype)
+
+        def codegen(context, builder, sig, args):
+            x = builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1]))
+            return _splat(builder, x, _vt(context, vty))
+        return vty(arr, types.intp), codegen
+
+    def splat(typingctx, like, x):
+        """All lanes = x, converted to the dtype of ``like`` (an array or a vector)."""
+        if _is_float_array(like):
+            vty = vec_of(like.dtype)
+        elif isinstance(like, Vec):
+            vty = like
+        else:
+            return None
+        if not isinstance(x, (types.Float, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            s = context.cast(builder, args[1], sig.args[1], vty.dtype)
+            return _splat(builder, s, _vt(context, vty))
+        return vty(like, x), codegen
+
+    made = []
+    for f in (lanes, load, load_n, store, store_n, bcast, splat):
+        f.__name__ = f.__qualname__ = prefix + f.__name__
+        made.append(intrinsic(f))
+    return tuple(made)
 
 
-@intrinsic
-def vload(typingctx, arr, i):
-    """The vector arr.flat[i : i + lanes]."""
-    if not _is_float_array(arr) or not isinstance(i, types.Integer):
-        return None
-    vty = _vec_of(arr.dtype)
-
-    def codegen(context, builder, sig, args):
-        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
-        return builder.load(p, align=arr.dtype.bitwidth // 8)
-    return vty(arr, types.intp), codegen
-
-
-@intrinsic
-def vload_n(typingctx, arr, i, n):
-    """arr.flat[i : i + n] in the first n lanes (n may exceed lanes or be <= 0), zeros after;
-    memory beyond the first n elements is never touched."""
-    if not _is_float_array(arr):
-        return None
-    vty = _vec_of(arr.dtype)
-
-    def codegen(context, builder, sig, args):
-        vtype = _vt(context, vty)
-        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], vty)
-        mask = _lane_mask(builder, args[2], vty.lanes)
-        fnty = ir.FunctionType(vtype, [p.type, ir.IntType(32), mask.type, vtype])
-        return _masked(builder, f"llvm.masked.load.{_suffix(vtype)}.p0", fnty,
-                       [p, _i32(arr.dtype.bitwidth // 8), mask, ir.Constant(vtype, [0.0] * vty.lanes)])
-    return vty(arr, types.intp, types.intp), codegen
-
-
-@intrinsic
-def vstore(typingctx, arr, i, v):
-    """arr.flat[i : i + lanes] = v."""
-    if not _is_float_array(arr) or not isinstance(v, Vec) or v.dtype != arr.dtype:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
-        builder.store(args[2], p, align=arr.dtype.bitwidth // 8)
-        return context.get_dummy_value()
-    return types.void(arr, types.intp, v), codegen
-
-
-@intrinsic
-def vstore_n(typingctx, arr, i, v, n):
-    """arr.flat[i : i + n] = v[:n] for the first min(n, lanes) lanes; nothing else is written."""
-    if not _is_float_array(arr) or not isinstance(v, Vec) or v.dtype != arr.dtype:
-        return None
-
-    def codegen(context, builder, sig, args):
-        vtype = _vt(context, v)
-        p = _vec_ptr(context, builder, sig.args[0], args[0], args[1], v)
-        mask = _lane_mask(builder, args[3], v.lanes)
-        fnty = ir.FunctionType(ir.VoidType(), [vtype, p.type, ir.IntType(32), mask.type])
-        _masked(builder, f"llvm.masked.store.{_suffix(vtype)}.p0", fnty,
-                [args[2], p, _i32(arr.dtype.bitwidth // 8), mask])
-        return context.get_dummy_value()
-    return types.void(arr, types.intp, v, types.intp), codegen
-
-
-@intrinsic
-def vbcast(typingctx, arr, i):
-    """All lanes = arr.flat[i] (compiles to a broadcast load, often folded into the fma)."""
-    if not _is_float_array(arr):
-        return None
-    vty = _vec_of(arr.dtype)
-
-    def codegen(context, builder, sig, args):
-        x = builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1]))
-        return _splat(builder, x, _vt(context, vty))
-    return vty(arr, types.intp), codegen
-
-
-@intrinsic
-def vsplat(typingctx, like, x):
-    """All lanes = x, converted to the dtype of ``like`` (an array or a vector)."""
-    if _is_float_array(like):
-        vty = _vec_of(like.dtype)
-    elif isinstance(like, Vec):
-        vty = like
-    else:
-        return None
-    if not isinstance(x, (types.Float, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        s = context.cast(builder, args[1], sig.args[1], vty.dtype)
-        return _splat(builder, s, _vt(context, vty))
-    return vty(like, x), codegen
+# vectors of the path's width, for everything but the GEMM's accumulators
+lanes, vload, vload_n, vstore, vstore_n, vbcast, vsplat = _memory_ops(_vec_of, "v")
+# panel vectors: one micro-tile row of NV vectors (gemm.micro_kernel)
+panel_lanes, pload, pload_n, pstore, pstore_n, pbcast, psplat = _memory_ops(_panel_of, "p")
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -220,12 +237,11 @@ vmul = intrinsic(_binary(lambda b, x, y: b.fmul(x, y)))
 vdiv = intrinsic(_binary(lambda b, x, y: b.fdiv(x, y)))
 # select-based max/min: "x > y ? x : y" (a NaN in y wins, as in a comparison loop)
 vmax = intrinsic(_binary(lambda b, x, y: b.select(b.fcmp_ordered(">", x, y), x, y)))
-vmin = intrinsic(_binary(lambda b, x, y: b.select(b.fcmp_ordered("<", x, y), x, y)))
 
 
 def _fma(builder, a, b, c):
     fnty = ir.FunctionType(a.type, [a.type] * 3)
-    return _masked(builder, f"llvm.fma.{_suffix(a.type)}", fnty, [a, b, c])
+    return _masked(builder, f"llvm.{_FMA}.{_suffix(a.type)}", fnty, [a, b, c])
 
 
 @intrinsic

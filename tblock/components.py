@@ -252,10 +252,10 @@ try:
     from .kernels.activations import ACTIVATION_CODES
     from .kernels.block import (KC, MC, MF, attention_core as nb_attention_core, ffn_tile, packed_len,
                                  rows_per_task, task_tile, weight_layout)
-    from .kernels.gemm import NV, gemm_block
+    from .kernels.gemm import gemm_block, panel_width
     from .kernels.layernorm import layernorm_rows
     from .kernels.options import JIT
-    from .kernels.simd import lanes
+    from .kernels.simd import panel_lanes
     from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
 except Exception as e:      # not there, or broken: these components become n/a, not an error
     _NUMBA_KERNELS_MISSING = f"tblock.kernels cannot be used ({type(e).__name__}: {e})"
@@ -271,7 +271,7 @@ else:
     def _nb_projection(A, lda, rows, K, Wf, b_off, N, C, ldc):
         """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), tiled like
         the block's QKV and W_O stages: MC-row blocks, split by columns when few."""
-        NR = NV * lanes(Wf)
+        NR = panel_lanes(Wf)
         nrb = (rows + MC - 1) // MC
         npn = (N + NR - 1) // NR
         groups = min(npn, max(1, 8 // nrb))
@@ -303,7 +303,7 @@ def _numba_components(cfg, weights, dtype):
     # the backend's own packed weights, under its own cache key: one copy, one layout
     Wf = weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
     d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads
-    NR = NV * 64 // dtype.itemsize      # the panel width the packing used
+    NR = panel_width(dtype)             # the panel width the packing used
     o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
     act = ACTIVATION_CODES[cfg.activation]
     no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)

@@ -13,10 +13,10 @@ from tblock import oracle
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
 from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from tblock.kernels.block import BK, KC, store_kt, store_v
-from tblock.kernels.gemm import NV, gemm_block, gemm_panels, pack_b, packed_size, panel_width
+from tblock.kernels.gemm import gemm_block, gemm_panels, pack_b, packed_size, panel_width
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.options import JIT
-from tblock.kernels.simd import lanes, vexp, vexp2, vload_n, vstore_n
+from tblock.kernels.simd import lanes, panel_lanes, vexp, vexp2, vload_n, vstore_n
 from tblock.kernels.softmax import ADDITIVE, BOOLEAN, CAUSAL, NO_MASK, masked_softmax_rows
 
 NO_ADD = np.zeros((1, 1))
@@ -263,7 +263,7 @@ def _guarded(n, dtype):
 @njit
 def _tiled_head(X, ld, T, dk, causal, scale, out):
     """One head through the block's tiled path: pack K^T and V, flash_rows over all queries."""
-    NR = NV * lanes(X)
+    NR = panel_lanes(X)
     ldv = (dk + NR - 1) // NR * NR
     kt = np.empty((T + NR - 1) // NR * dk * NR, X.dtype)
     vp = np.empty(T * ldv, X.dtype)
@@ -303,7 +303,7 @@ def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtyp
     rng = np.random.default_rng(7)
     d = n_heads * dk
     rows = B * T
-    NR = NV * 64 // np.dtype(dtype).itemsize
+    NR = panel_width(dtype)
     ktn = -(-T // NR) * dk * NR
     ldv = -(-dk // NR) * NR
     K = rng.standard_normal((rows, d)).astype(dtype)

@@ -1,0 +1,181 @@
+"""Which vector path the kernels are compiled for: ``avx512``, ``avx2`` or ``generic``.
+
+A path fixes the few numbers the kernels are written in terms of: the bytes of one SIMD
+vector (``simd.lanes``), the vectors per row of the GEMM micro-tile (``gemm.NV``; MR
+rows are 6 on every path) and the k-block of the GEMMs (``gemm.KC``), sized to the L1.
+Everything else (panel widths, layouts, tiles) follows from these.
+
+    path     vector  micro-tile        registers    why
+    avx512   64 B    6 x 4 vectors     24 of 32     two 512-bit FMA ports, 32 zmm
+    avx2     32 B    6 x 2 vectors     12 of 16     16 ymm: 6 x 4 spilled (48 ymm)
+    generic  16 B    6 x 2 (x 4 on     12 of 16     any LLVM target (SSE2, NEON, ...);
+                     32-register ISAs)              4 on AArch64, whose NEON has 32
+
+The path is the widest the target Numba compiles for can run, found by asking LLVM to
+compile one 16-lane and one 8-lane FMA for that target (Numba's target: the host CPU,
+or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when set).  ``TBLOCK_ISA=avx512|avx2|generic``
+forces a path; forcing a narrower one than the host's also narrows the instructions
+LLVM may use (AVX-512 features off for avx2; the baseline "generic" CPU for generic),
+so the forced path runs the code a machine of that kind would run.  Forcing must happen
+before Numba compiles anything in the process; a path the target cannot execute is an
+error.
+
+Compiled code is cached per path (``cache.py``): one path's machine code is never
+loaded for another.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llvmlite.binding as ll
+from numba.core import config as numba_config
+
+NAMES = ("avx512", "avx2", "generic")       # widest first
+MR = 6                                       # rows of the GEMM micro-tile on every path
+
+
+@dataclass(frozen=True)
+class VectorPath:
+    """One compilation path of the kernels, and the target it was chosen for."""
+    name: str              # "avx512" | "avx2" | "generic"
+    vector_bytes: int      # bytes of one SIMD vector
+    nv: int                # vectors per micro-tile row: NR = nv * lanes columns
+    kc: int                # k-block of the GEMMs (a KC x NR slice of B stays in L1)
+    cpu: str               # the CPU name LLVM compiles for
+    forced: bool           # chosen by TBLOCK_ISA rather than detected
+    runnable: tuple        # every path this machine can execute, widest first
+
+    @property
+    def key(self) -> str:
+        """What compiled code depends on: the cache keeps one directory per key."""
+        return f"{self.name}-v{self.vector_bytes}-{MR}x{self.nv}-kc{self.kc}"
+
+
+def _probe_asm(triple: str, cpu: str, features: str, lanes: int) -> str:
+    """LLVM's assembly for one <lanes x float> FMA compiled for (cpu, features)."""
+    ir = f"""
+declare <{lanes} x float> @llvm.fma.v{lanes}f32(<{lanes} x float>, <{lanes} x float>, <{lanes} x float>)
+define void @probe(ptr %p) {{
+  %a = load <{lanes} x float>, ptr %p
+  %r = call <{lanes} x float> @llvm.fma.v{lanes}f32(<{lanes} x float> %a, <{lanes} x float> %a, <{lanes} x float> %a)
+  store <{lanes} x float> %r, ptr %p
+  ret void
+}}"""
+    mod = ll.parse_assembly(ir)
+    mod.triple = triple
+    tm = ll.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=2)
+    return tm.emit_assembly(mod)
+
+
+def widest_path(triple: str, cpu: str, features: str) -> str:
+    """The widest path LLVM can compile for this target: one 512-bit FMA instruction
+    on zmm registers means avx512, a 256-bit one on ymm avx2, anything else generic."""
+    if not triple.startswith(("x86_64", "i686", "i386")):
+        return "generic"
+    if "zmm" in _probe_asm(triple, cpu, features, 16):
+        return "avx512"
+    asm = _probe_asm(triple, cpu, features, 8)
+    return "avx2" if "ymm" in asm and "vfmadd" in asm else "generic"
+
+
+def _without_avx512(features: str) -> str:
+    """A feature string with every AVX-512 (and AVX10, EVEX-512, AMX) feature off."""
+    out = []
+    for f in filter(None, features.split(",")):
+        name = f[1:]
+        if f[0] == "+" and name.startswith(("avx512", "avx10", "evex512", "amx")):
+            f = "-" + name
+        out.append(f)
+    return ",".join(out)
+
+
+def _numba_target() -> tuple[str, str, bool]:
+    """(cpu name, feature string, already built) as Numba compiles or will compile."""
+    from numba.core.registry import cpu_target
+    if "_toplevel_target_context" in cpu_target.__dict__:
+        cg = cpu_target.target_context.codegen()
+        return cg._get_host_cpu_name(), cg._tm_features, True
+    name = numba_config.CPU_NAME or ll.get_host_cpu_name()
+    if numba_config.CPU_FEATURES is not None:
+        feats = numba_config.CPU_FEATURES
+    else:
+        try:
+            feats = ll.get_host_cpu_features().flatten()
+        except RuntimeError:                # no feature detection on this platform
+            feats = ""
+    return name, feats, False
+
+
+def _l1d_bytes() -> int:
+    """The L1 data cache of one core: Linux's sysfs, else sysconf, else 32 KiB."""
+    for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (idx / "level").read_text().strip() == "1" and \
+                    (idx / "type").read_text().strip() in ("Data", "Unified"):
+                size = (idx / "size").read_text().strip().upper()
+                mult = {"K": 1024, "M": 1024 * 1024}.get(size[-1:], 1)
+                return int(size.rstrip("KM")) * mult
+        except (OSError, ValueError):
+            break
+    try:
+        size = os.sysconf("SC_LEVEL1_DCACHE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        size = 0
+    return size if size and size > 0 else 32 * 1024
+
+
+def _kc(vector_bytes: int, nv: int) -> int:
+    """The largest power of two in 64..256 whose KC x NR slice of B takes at most two
+    thirds of the L1 (48 KiB: 128 on avx512; 32 KiB: 256 on avx2).  FF_CHUNK (256)
+    must stay a multiple of it."""
+    budget = _l1d_bytes() * 2 // 3
+    kc = 64
+    while kc < 256 and 2 * kc * nv * vector_bytes <= budget:
+        kc *= 2
+    return kc
+
+
+def _make(name: str, cpu: str, forced: bool, runnable: tuple, triple: str) -> VectorPath:
+    vector_bytes = {"avx512": 64, "avx2": 32, "generic": 16}[name]
+    nv = {"avx512": 4, "avx2": 2}.get(name, 4 if triple.startswith(("aarch64", "arm64")) else 2)
+    return VectorPath(name, vector_bytes, nv, _kc(vector_bytes, nv), cpu, forced, runnable)
+
+
+def resolve(env=None) -> VectorPath:
+    """The path for this process: TBLOCK_ISA if set, else the widest Numba's target runs.
+    Sets Numba's target CPU when a forced path needs a narrower one (and NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES were not set)."""
+    env = os.environ if env is None else env
+    triple = ll.get_process_triple()
+    cpu, feats, built = _numba_target()
+    widest = widest_path(triple, cpu, feats)
+    runnable = NAMES[NAMES.index(widest):]
+    want = env.get("TBLOCK_ISA", "").strip().lower()
+    if not want:
+        return _make(widest, cpu, False, runnable, triple)
+    if want not in NAMES:
+        raise ValueError(f"TBLOCK_ISA must be one of {', '.join(NAMES)} (or unset); got {want!r}")
+    if want not in runnable:
+        raise ValueError(f"TBLOCK_ISA={want}: Numba compiles for {cpu!r}, which runs at most the "
+                         f"{widest} path; this machine can run {', '.join(runnable)}")
+    if want != widest:
+        user_set = "NUMBA_CPU_NAME" in env or "NUMBA_CPU_FEATURES" in env
+        if not user_set:
+            if built:
+                raise ValueError(f"TBLOCK_ISA={want} needs Numba to compile for a narrower CPU, but "
+                                 "Numba had already compiled code in this process: set TBLOCK_ISA "
+                                 "before anything imports numba, or set NUMBA_CPU_NAME/NUMBA_CPU_FEATURES")
+            if want == "avx2":
+                numba_config.CPU_NAME, numba_config.CPU_FEATURES = cpu, _without_avx512(feats)
+            else:
+                numba_config.CPU_NAME, numba_config.CPU_FEATURES = "generic", ""
+            cpu = numba_config.CPU_NAME
+    return _make(want, cpu, True, runnable, triple)
+
+
+ll.initialize_native_target()
+ll.initialize_native_asmprinter()
+PATH = resolve()
