@@ -24,8 +24,16 @@ __version__ = "0.1.0"
 # Compiling happens on first use or in warmup(), never at import.
 try:
     from . import _numba_backend as _default_backend
-except ImportError:         # Numba missing or broken: forward(backend="numba") says why
-    _default_backend = None
+except (ImportError, ValueError):   # Numba missing or broken, or a bad TBLOCK_ISA:
+    _default_backend = None         # forward(backend="numba") and isa() say why
+
+
+def isa() -> str:
+    """The vector path the numba backend's kernels are compiled for in this process:
+    "avx512", "avx2" or "generic" (the widest the CPU runs, or TBLOCK_ISA's choice).
+    Details (vector bytes, micro-tile, CPU name): ``tblock.kernels.isa.PATH``."""
+    from .kernels.isa import PATH
+    return PATH.name
 
 
 def warmup() -> None:
@@ -37,7 +45,7 @@ def warmup() -> None:
 __all__ = [
     "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount",
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
-    "init_weights", "load_worked_example", "param_breakdown", "param_count", "warmup",
+    "init_weights", "isa", "load_worked_example", "param_breakdown", "param_count", "warmup",
 ]
 
 # The lesson's lenses, its sidebars, the demo's model and the walk-through: loaded on first

@@ -86,6 +86,8 @@ def get_backend(name):
         if e.name != BACKEND_MODULES[name]:
             raise  # a real import error inside the backend: do not hide it
         raise BackendUnavailable(f"backend {name!r} is not part of this installation") from None
+    except ValueError as e:             # its configuration (TBLOCK_ISA) cannot be honoured
+        raise BackendUnavailable(f"backend {name!r} cannot run: {e}") from None
     check = getattr(module, "ensure_available", None)
     if check is not None:
         check()  # raises BackendUnavailable with instructions

@@ -54,9 +54,13 @@ def check_finite(name: str, a: np.ndarray) -> None:
 
 def _all_finite(a: np.ndarray) -> bool:
     # the compiled check (tblock.kernels.validate) is imported on first use: importing
-    # it at the top would make tblock.weights fail to import where Numba is missing
+    # it at the top would make tblock.weights fail to import where Numba is missing; where
+    # the kernels cannot load (no Numba, a bad TBLOCK_ISA) numpy does the check
     global _all_finite
-    from .kernels.validate import all_finite
+    try:
+        from .kernels.validate import all_finite
+    except (ImportError, ValueError):
+        all_finite = lambda x: bool(np.isfinite(x).all())   # noqa: E731
     _all_finite = all_finite
     return all_finite(a)
 
