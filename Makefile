@@ -1,11 +1,12 @@
 # Everything a fresh machine with Python >= 3.10, gcc and make needs:
 #   make report   create .venv, install tblock into it, run `tblock report` (writes tblock-report/)
-#   make test     the same with the test extra, then the whole test suite
+#   make test     the same with the test extra, then the whole test suite, then the kernel
+#                 and block tests on every other vector path the CPU can run
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: report test install install-test clean
+.PHONY: report test test-isa install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,22 @@ install-test: $(BIN)/python
 report: install
 	$(BIN)/tblock report
 
+# the kernel and block tests, run once more under each other vector path this machine can
+# execute (TBLOCK_ISA: avx2 and generic on an AVX-512 machine, generic on an AVX2 one)
+ISA_TESTS := tests/test_numba_kernels.py tests/test_numba_block.py tests/test_numba_runtime.py \
+             tests/test_properties.py tests/test_worked_example.py tests/test_isa.py
+OTHER_PATHS = $$($(BIN)/python -c "import tblock; from tblock.kernels.isa import PATH; \
+	print(*[p for p in PATH.runnable if p != tblock.isa()])")
+
 test: install-test
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-isa
+
+test-isa: install-test
+	@for isa in $(OTHER_PATHS); do \
+	  echo "== kernel and block tests on the $$isa path (TBLOCK_ISA=$$isa)"; \
+	  TBLOCK_ISA=$$isa $(BIN)/python -m pytest -q $(ISA_TESTS) || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache

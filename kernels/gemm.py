@@ -90,12 +90,12 @@ def packed_size(K: int, N: int, NR: int) -> int:
 
 
 def pack_b(B: np.ndarray, out: np.ndarray) -> None:
-    """Write (K, N) ``B`` into the flat ``out`` (packed_size elements) as panels:
+    """Write (K, N) ``B`` into the flat ``out`` (packed_size elements or more) as panels:
     panel p = B[:, p*NR:(p+1)*NR] as a (K, NR) row-major block, zero past column N."""
     K, N = B.shape
     NR = panel_width(out.dtype)
     NP = -(-N // NR)
-    panels = out.reshape(NP, K, NR)
+    panels = out[:NP * K * NR].reshape(NP, K, NR)     # out may be longer (packed_len)
     panels[...] = 0
     for p in range(NP):
         cols = B[:, p * NR:(p + 1) * NR]

@@ -46,6 +46,7 @@ class VectorPath:
     kc: int                # k-block of the GEMMs (a KC x NR slice of B stays in L1)
     cpu: str               # the CPU name LLVM compiles for
     forced: bool           # chosen by TBLOCK_ISA rather than detected
+    fma: bool              # the target has a fused multiply-add instruction
     runnable: tuple        # every path this machine can execute, widest first
 
     @property
@@ -79,6 +80,11 @@ def widest_path(triple: str, cpu: str, features: str) -> str:
         return "avx512"
     asm = _probe_asm(triple, cpu, features, 8)
     return "avx2" if "ymm" in asm and "vfmadd" in asm else "generic"
+
+
+def has_fma(triple: str, cpu: str, features: str) -> bool:
+    """Whether LLVM compiles a 4-lane FMA for this target without calling libm's fmaf."""
+    return "fmaf" not in _probe_asm(triple, cpu, features, 4)
 
 
 def _without_avx512(features: str) -> str:
@@ -138,10 +144,11 @@ def _kc(vector_bytes: int, nv: int) -> int:
     return kc
 
 
-def _make(name: str, cpu: str, forced: bool, runnable: tuple, triple: str) -> VectorPath:
+def _make(name: str, triple: str, cpu: str, features: str, forced: bool, runnable: tuple) -> VectorPath:
     vector_bytes = {"avx512": 64, "avx2": 32, "generic": 16}[name]
     nv = {"avx512": 4, "avx2": 2}.get(name, 4 if triple.startswith(("aarch64", "arm64")) else 2)
-    return VectorPath(name, vector_bytes, nv, _kc(vector_bytes, nv), cpu, forced, runnable)
+    fma = name != "generic" or has_fma(triple, cpu, features)
+    return VectorPath(name, vector_bytes, nv, _kc(vector_bytes, nv), cpu, forced, fma, runnable)
 
 
 def resolve(env=None) -> VectorPath:
@@ -155,7 +162,7 @@ def resolve(env=None) -> VectorPath:
     runnable = NAMES[NAMES.index(widest):]
     want = env.get("TBLOCK_ISA", "").strip().lower()
     if not want:
-        return _make(widest, cpu, False, runnable, triple)
+        return _make(widest, triple, cpu, feats, False, runnable)
     if want not in NAMES:
         raise ValueError(f"TBLOCK_ISA must be one of {', '.join(NAMES)} (or unset); got {want!r}")
     if want not in runnable:
@@ -172,8 +179,8 @@ def resolve(env=None) -> VectorPath:
                 numba_config.CPU_NAME, numba_config.CPU_FEATURES = cpu, _without_avx512(feats)
             else:
                 numba_config.CPU_NAME, numba_config.CPU_FEATURES = "generic", ""
-            cpu = numba_config.CPU_NAME
-    return _make(want, cpu, True, runnable, triple)
+            cpu, feats = numba_config.CPU_NAME, numba_config.CPU_FEATURES
+    return _make(want, triple, cpu, feats, True, runnable)
 
 
 ll.initialize_native_target()

@@ -34,9 +34,9 @@ from .isa import PATH
 
 VECTOR_BYTES = PATH.vector_bytes
 PANEL_VECTORS = PATH.nv          # vectors per micro-tile row (gemm.NV)
-# the generic path may have no FMA instruction (x86-64 baseline): fmuladd lets LLVM
-# use one where there is one and a multiply and an add elsewhere, instead of a libm call
-_FMA = "fmuladd" if PATH.name == "generic" else "fma"
+# a target without an FMA instruction (the x86-64 baseline of the generic path) gets a
+# multiply and an add (llvm.fmuladd) instead of a libm call per lane
+_FMA = "fma" if PATH.fma else "fmuladd"
 
 
 class Vec(types.Type):
