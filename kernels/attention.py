@@ -17,7 +17,7 @@ from numba import njit
 
 from .gemm import MR, micro_kernel
 from .options import JIT
-from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul,
+from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul, vsub,
                    vsplat, vstore, vstore_n)
 
 LOG2E = 1.4426950408889634
@@ -154,11 +154,13 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
             for j in range(0, klim, W):
                 vstore(S, row + j, zero)
             continue
-        # exp((s - m) * scale) = 2^(s*c - m*c), c = scale * log2(e): one fma per lane
-        vneg = vsplat(S, -m_new * c2)
+        # exp((s - m) * scale) = 2^((s - m) * c), c = scale * log2(e).  s - m is <= 0 and
+        # exact near the max; the one-fma form s*c - m*c is not: at |s*c| ~ 1e9 (float32)
+        # its rounding error alone overflowed 2^t and gave NaN
+        vm = vsplat(S, m_new)
         acc = zero
         for j in range(0, klim, W):
-            p_ = vexp2(vfma(vload(S, row + j), vc2, vneg))
+            p_ = vexp2(vmul(vsub(vload(S, row + j), vm), vc2))
             if j + W > nv:
                 p_ = vkeep(p_, nv - j, 0.0)
             vstore(S, row + j, p_)
