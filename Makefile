@@ -48,3 +48,11 @@ clean:
 .PHONY: bench
 bench: install-test
 	$(BIN)/python -m pytest bench --benchmark-autosave --benchmark-storage=file://.benchmarks $(BENCH_ARGS)
+
+# tblock against PyTorch (eager and torch.compile), ONNX Runtime and OpenVINO on issue #12's
+# sizes (tens of minutes; not part of `make test`); PEERS_ARGS adds options, e.g.
+# PEERS_ARGS="--quick --points 768:12:1024" or PEERS_ARGS="--json peers.json"
+.PHONY: bench-peers
+bench-peers: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[peers]"
+	$(BIN)/python bench/compare_peers.py $(PEERS_ARGS)

@@ -458,92 +458,14 @@ def _c_components(cfg, weights, dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# torch: nanoGPT's model.py modules, no biases, weights copied from the BlockWeights
+# torch: nanoGPT's model.py modules, the one module the peers benchmark runs too (tblock.peers)
 
 def _torch_components(cfg, weights, dtype):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
-    tdtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[dtype]
-    d, n_head = cfg.d_model, cfg.n_heads
+    from .peers import torch_module
 
-    class LayerNorm(nn.Module):
-        """nanoGPT's LayerNorm: an optional bias, which the lesson's block never has."""
-
-        def __init__(self, ndim, gamma, beta):
-            super().__init__()
-            self.weight = nn.Parameter(gamma)
-            self.bias = None if beta is None else nn.Parameter(beta)
-
-        def forward(self, x):
-            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, cfg.eps)
-
-    class CausalSelfAttention(nn.Module):
-
-        def __init__(self):
-            super().__init__()
-            # key, query, value projections for all heads, in one batch
-            self.c_attn = nn.Linear(d, 3 * d, bias=False)
-            self.c_proj = nn.Linear(d, d, bias=False)
-
-        def core(self, q, k, v):
-            # q, k, v: (B, T, C) -> (B, nh, T, hs); flash attention skips masked tiles when causal
-            B, T, C = q.size()
-            q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
-            k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
-            v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=cfg.causal)
-            return y.transpose(1, 2).contiguous().view(B, T, C)   # re-assemble all head outputs
-
-        def forward(self, x):
-            q, k, v = self.c_attn(x).split(d, dim=2)
-            return self.c_proj(self.core(q, k, v))
-
-    class MLP(nn.Module):
-
-        def __init__(self):
-            super().__init__()
-            self.c_fc = nn.Linear(d, cfg.d_ff, bias=cfg.ffn_bias)
-            self.act = {"gelu_tanh": nn.GELU(approximate="tanh"), "gelu_erf": nn.GELU(),
-                        "relu": nn.ReLU()}[cfg.activation]
-            self.c_proj = nn.Linear(cfg.d_ff, d, bias=cfg.ffn_bias)
-
-        def forward(self, x):
-            return self.c_proj(self.act(self.c_fc(x)))
-
-    class Block(nn.Module):
-
-        def __init__(self, ln_1, ln_2):
-            super().__init__()
-            self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, CausalSelfAttention(), ln_2, MLP()
-
-        def forward(self, x):
-            if cfg.norm == "pre":
-                x = x + self.attn(self.ln_1(x))
-                return x + self.mlp(self.ln_2(x))
-            x = self.ln_1(x + self.attn(x))
-            return self.ln_2(x + self.mlp(x))
-
-    def t(a):
-        # nn.Linear computes x @ W.T, so it stores our row-convention (in, out) matrix transposed
-        # (a private copy: torch tensors must not share the read-only BlockWeights arrays)
-        return torch.from_numpy(np.array(a, dtype=dtype, order="C", copy=True))
-
-    w = weights.arrays()
-    ones = np.ones(d, dtype=dtype)
-    ln_1 = LayerNorm(d, t(w.get("ln1_gamma", ones)), None if "ln1_beta" not in w else t(w["ln1_beta"]))
-    ln_2 = LayerNorm(d, t(w.get("ln2_gamma", ones)), None if "ln2_beta" not in w else t(w["ln2_beta"]))
-    block = Block(ln_1, ln_2).to(tdtype)
-    with torch.no_grad():
-        block.attn.c_attn.weight.copy_(t(np.concatenate([w["w_q"], w["w_k"], w["w_v"]], axis=1).T))
-        block.attn.c_proj.weight.copy_(t(w["w_o"].T))
-        block.mlp.c_fc.weight.copy_(t(w["w_ff1"].T))
-        block.mlp.c_proj.weight.copy_(t(w["w_ff2"].T))
-        if cfg.ffn_bias:
-            block.mlp.c_fc.bias.copy_(t(w["b_ff1"]))
-            block.mlp.c_proj.bias.copy_(t(w["b_ff2"]))
-    block.eval()
+    block = torch_module(weights, cfg, dtype)
 
     masks = {}
 

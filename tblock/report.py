@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import api, components
+from . import api, components, peers
 from .components import COMPONENTS, component_flops, sublayer_crossover_T
 from .config import BlockConfig
 from .counting import crossover_T, param_count
@@ -110,6 +110,7 @@ class ReportOptions:
     ceiling_sizes: tuple = (1024, 2048)
     plots: bool = True
     seed: int = 0
+    peers: list | None = None       # whole-block peers to time after the sweep; None: every installed one
 
 
 MODES = {
@@ -168,6 +169,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated n of the n x n GEMMs that measure the ceiling "
                         "(default 1024,2048; --full adds 512 and 3072)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    p.add_argument("--peers", default=None,
+                   help=f"comma-separated, from {','.join(peers.PEERS)}, or none: other libraries' whole "
+                        "block timed after the sweep, float32 only (default: every one installed)")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print two saved report.json side by side with ratios, then exit")
 
@@ -259,6 +263,13 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
             raise ReportError(f"--ceiling-sizes must be comma-separated integers, got {args.ceiling_sizes!r}") from None
         if not ceiling_sizes or min(ceiling_sizes) < 1:
             raise ReportError(f"--ceiling-sizes must hold at least one n >= 1, got {args.ceiling_sizes!r}")
+    peer_names = None
+    if args.peers is not None:
+        peer_names = [x.strip() for x in args.peers.split(",") if x.strip() and x.strip() != "none"]
+        for x in peer_names:
+            if x not in peers.PEERS:
+                raise ReportError(f"--peers: unknown peer {x!r}; choose from {', '.join(peers.PEERS)}, or none")
+        peer_names = list(dict.fromkeys(peer_names))
     out = check_out_folder(args.out)
     _, _, repeats, min_repeat_s, target_s, budget = MODES[args.mode]
     return ReportOptions(
@@ -268,7 +279,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         target_s=target_s if args.target_time is None else args.target_time,
         point_budget_s=budget if args.point_budget is None else args.point_budget,
         ceiling_sizes=ceiling_sizes,
-        plots=args.plots)
+        plots=args.plots, peers=peer_names)
 
 
 def check_out_folder(out: str) -> Path:
@@ -389,8 +400,9 @@ def machine_info() -> dict:
         "cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
         "platform": platform.platform(), "python": platform.python_version(),
         "versions": {"tblock": __version__, "numpy": np.__version__, "scipy": _version("scipy"),
-                     "numba": _version("numba"), "cffi": _version("cffi"), "torch": _version("torch"),
-                     "matplotlib": _version("matplotlib"), "threadpoolctl": _version("threadpoolctl")},
+                     "numba": _version("numba"), "cffi": _version("cffi"),
+                     "matplotlib": _version("matplotlib"), "threadpoolctl": _version("threadpoolctl"),
+                     **peers.peer_versions()},
         "git_commit": git_commit(),
         "blas": blas_info(),
         "loadavg_start": list(load) if load else None,
@@ -557,6 +569,65 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
                        "causal": cfg.causal, "norm": cfg.norm, "activation": cfg.activation,
                        "dtype": str(dtype), "batch": 1},
             "backends": per_backend}
+
+
+def run_peers(opts: ReportOptions, progress: Progress | None = None) -> dict:
+    """Each peer's whole block (tblock.peers) at every T, timed as the block component is,
+    after a check against the numpy oracle: {name: {label, version, available, reason,
+    build_s, results}}. Run after the sweep: importing OpenVINO loads TBB, which Numba would
+    take for its threading layer if its pool had not started yet."""
+    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    names = peers.PEERS if opts.peers is None else opts.peers
+    versions = peers.peer_versions()
+    out = {}
+    for name in names:
+        ok, why = peers.peer_status(name)
+        if ok and opts.dtype != "float32":
+            ok, why = False, "peers run in float32 only"
+        rec = out[name] = {"label": peers.LABELS[name], "available": ok, "reason": why or None,
+                           "version": versions[peers.DISTRIBUTION[name]], "results": []}
+        if not ok:
+            if progress:
+                progress.step(f"{name} not run", len(opts.T_list))
+            continue
+        weights = init_weights(cfg, seed=opts.seed, dtype=np.float32)
+        time.sleep(0.2)     # let the previous library's pools fall asleep
+        t0 = time.perf_counter()
+        try:
+            fn = peers.build(name, weights, cfg, threads=opts.threads)
+        except Exception as e:          # a broken peer is reported, the report goes on
+            rec.update(available=False, reason=f"build failed: {type(e).__name__}: {e}"[:300])
+            if progress:
+                progress.step(f"{name} failed", len(opts.T_list))
+            continue
+        rec["build_s"] = time.perf_counter() - t0
+        last = None
+        for T in opts.T_list:
+            fl = component_flops(cfg, T)["causal" if cfg.causal else "full"]["block"]
+            row = {"T": T, "flops": fl}
+            rec["results"].append(row)
+            if progress:
+                progress.step(f"{name} T={T}")
+            if last and last["min_s"] * fl / last["flops"] * (opts.repeats + 2) > opts.point_budget_s:
+                row.update(status="skipped", reason=f"over the {opts.point_budget_s:g} s point budget")
+                continue
+            X = components.make_inputs(cfg, T, np.float32, seed=opts.seed + T, components=["block"])["block"][0]
+            try:
+                t0 = time.perf_counter()
+                Y = fn(X)                   # torch.compile compiles here for a new shape
+                row["check_call_s"] = time.perf_counter() - t0
+                row["max_rel_err"] = peers.max_rel_error(Y, api.forward(X, weights, cfg, backend="numpy"))
+                if row["max_rel_err"] > peers.TOLERANCE:
+                    row.update(status="wrong", reason=f"max relative error {row['max_rel_err']:.2e} against "
+                                                      f"the numpy oracle (> {peers.TOLERANCE:g})")
+                    continue
+                m = measure(fn, (X,), opts.repeats, opts.min_repeat_s, opts.target_s)
+            except Exception as e:
+                row.update(status="error", reason=f"{type(e).__name__}: {e}"[:300])
+                continue
+            row.update(status="ok", gflops=fl / m["median_s"] / 1e9, **m)
+            last = row
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -782,6 +853,7 @@ def render_markdown(data: dict) -> str:
             rows.append(row)
         L += _table(["component"] + [f"{b} / {ref}" for b in others], rows) + [""]
 
+    L += peers_markdown(data)
     L += [f"## FLOPs per component (tblock.flops; {kind} count, full square in brackets when it differs)", ""]
     rows = []
     for T in data["T"]:
@@ -856,6 +928,58 @@ def render_markdown(data: dict) -> str:
         L += [f"No plots: {data['plots']['reason']}."]
     L += [""]
     return "\n".join(L)
+
+
+def _peer_reference(data: dict) -> str | None:
+    """The backend peers are set against: numba when it was swept, else the first one."""
+    names = list(data["backends"])
+    return "numba" if "numba" in names else (names[0] if names else None)
+
+
+def peer_rows(data: dict) -> tuple[list, list]:
+    """(header, rows) of the whole block per T: the reference backend, each peer that ran,
+    and reference / fastest peer."""
+    ran = {n: p for n, p in data.get("peers", {}).items() if p["results"]}
+    ref = _peer_reference(data)
+    ref_t = _times(data["backends"][ref]["results"], "block") if ref else {}
+    header = ["T", f"{ref} (block)"] + [p["label"] for p in ran.values()] + [f"{ref} / fastest peer"]
+    rows = []
+    for T in data["T"]:
+        cells, best = [], None
+        for p in ran.values():
+            r = next((r for r in p["results"] if r["T"] == T), None)
+            if r is None or r["status"] != "ok":
+                cells.append("-" if r is None else r["status"])
+                continue
+            cells.append(f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s")
+            best = min(best or r["median_s"], r["median_s"])
+        ratio = f"{ref_t[T] / best:.2f}" if best and T in ref_t else "-"
+        rows.append([T, _ms(ref_t.get(T))] + cells + [ratio])
+    return header, rows
+
+
+def peers_markdown(data: dict) -> list[str]:
+    ps = data.get("peers")
+    if not ps:
+        return []               # a report from before peers, or --peers none
+    L = ["## The whole block against its peers", "",
+         "Other libraries running the same block with the same weights (tblock.peers), float32, after "
+         "the sweep: each checked against the numpy oracle at every T, then timed as the block "
+         "component is (median; build and first call not counted). Below 1 in the last column: "
+         "tblock is faster than every peer.", ""]
+    for p in ps.values():
+        if p["available"]:
+            first = p["results"][0].get("check_call_s") if p["results"] else None
+            L += [f"- {p['label']} {p['version']}: built in {_ms(p.get('build_s'))}, first call "
+                  f"{_ms(first)}{' (where it compiles)' if p['label'] == 'torch.compile' else ''}" +
+                  "".join(f"; T={r['T']} {r['status']} ({r.get('reason')})" for r in p["results"]
+                          if r["status"] not in ("ok", "skipped")) + "."]
+        else:
+            L += [f"- {p['label']}: not run ({p['reason']})."]
+    L += [""]
+    if any(p["results"] for p in ps.values()):
+        L += _table(*peer_rows(data)) + [""]
+    return L
 
 
 def _crossing_cell(x: dict) -> str:
@@ -1045,6 +1169,8 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
     t_start = time.perf_counter()
     data = {"schema": SCHEMA, "command": command, "options": asdict(opts), "machine": machine_info()}
     clock = {}                   # where the report's own time goes
+    if opts.dtype == "float32":         # before Numba's pool starts (peers run in float32 only)
+        peers.import_early(peers.PEERS if opts.peers is None else opts.peers)
     t0 = time.perf_counter()
     sets = prepare_all(opts)
     clock["prepare_s"] = time.perf_counter() - t0
@@ -1057,10 +1183,14 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
         data["worked_example"] = {b: [[q, _jsonable(lesson), _jsonable(ours)] for q, lesson, ours
                                       in worked_example_rows(b)] for b in opts.backends if b in api.BACKEND_MODULES}
         clock["worked_example_s"] = time.perf_counter() - t0
-        steps = len(opts.T_list) * len(opts.backends) * len(COMPONENTS)
+        n_peers = len(peers.PEERS if opts.peers is None else opts.peers)
+        steps = len(opts.T_list) * (len(opts.backends) * len(COMPONENTS) + n_peers)
         progress = Progress(steps, progress_stream)
         try:
             data.update(run_sweep(opts, sets, progress))
+            t0 = time.perf_counter()
+            data["peers"] = run_peers(opts, progress)
+            clock["peers_s"] = time.perf_counter() - t0
         finally:
             progress.close()
         try:
@@ -1120,6 +1250,15 @@ def summary_text(data: dict) -> str:
                 cells.append(f"{'n/a':>24}" if r is None else
                              f"{r['geomean']:>9.2f}x [{r['at_T_max']:.2f}x T={r['T_max']}]".rjust(24))
             lines.append(f"   {LABELS[comp]:<12}" + "".join(cells))
+    if any(p["results"] for p in data.get("peers", {}).values()):
+        header, rows = peer_rows(data)
+        rows = [[str(c).split(" · ")[0] for c in row] for row in rows]      # times only
+        widths = [max(len(str(c)) for c in col) + 2 for col in zip(header, *rows)]
+        lines += ["", "whole block against its peers (median time per call, float32)"]
+        lines += ["   " + "".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in [header] + rows]
+    not_run = [f"{p['label']} ({p['reason']})" for p in data.get("peers", {}).values() if not p["available"]]
+    if not_run:
+        lines += ["", "peers not run: " + "; ".join(not_run)]
     return "\n".join(lines)
 
 

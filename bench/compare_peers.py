@@ -1,0 +1,566 @@
+#!/usr/bin/env python3
+"""tblock (backend "numba", float32) against its peers on the CPU, the same block and weights.
+
+    python bench/compare_peers.py                  # every size of issue #12 (tens of minutes)
+    python bench/compare_peers.py --quick          # fewer repetitions, no peer memory
+    python bench/compare_peers.py --points 768:12:4096 384:6:64 768:12:128:8   # d:heads:T[:B]
+    python bench/compare_peers.py --peers torch,ort --threads 2 --json peers.json
+    make bench-peers                               # installs the peers into .venv first
+
+The peers (tblock.peers): PyTorch eager (nanoGPT's Block, scaled_dot_product_attention with
+is_causal), torch.compile of that module, ONNX Runtime on a graph with the fused com.microsoft
+Attention op, OpenVINO on the converted torch module.  The block is the lesson's: Pre-LN,
+causal, tanh GELU, no biases, LayerNorm without affine.
+
+Each implementation's output is checked against tblock's numpy oracle first; one that
+disagrees by more than tblock.peers.TOLERANCE (relative) is reported as wrong and not timed.
+Building, compiling and the first call are timed apart (the "setup" table) and left out of
+the measurement.  The timing runs rounds of A B C D E (a pause, one uncounted call, then a
+few timed samples each), so every implementation sees the same machine load, and reports
+medians.  Also: the float32 FMA peak measured in the same run with tblock's own SIMD code,
+tblock's GFLOP/s at d_model 768, T 4096 against it, GEMM rates, and peak memory in fresh
+processes.  Nothing is asserted: it is a measurement.  A peer that is not installed is left
+out (without any, only tblock's column is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+import tblock
+from tblock import peers
+
+# (d_model, n_heads, T, B): issue #12's sizes, then the lesson's toy block
+POINTS = [(384, 6, 64, 1), (384, 6, 1024, 1), (384, 6, 4096, 1),
+          (768, 12, 128, 1), (768, 12, 1024, 1), (768, 12, 4096, 1), (768, 12, 128, 8),
+          (8, 2, 4, 1)]
+BIG = (768, 12, 4096, 1)        # the point whose GFLOP/s is set against the FMA peak
+PEER_ALIASES = {"torch": "torch", "eager": "torch", "compile": "compile", "torch.compile": "compile",
+                "ort": "ort", "onnxruntime": "ort", "openvino": "openvino", "ov": "openvino"}
+
+
+def causal_flops(d, T, B=1):
+    """The brief's count for one causal block: 24 T d^2 (projections and FFN with
+    d_ff = 4d) + 2 T^2 d (scores and AV over the lower triangle), per sequence."""
+    return B * (24 * T * d * d + 2 * T * T * d)
+
+
+def _timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------------------
+# the machine
+
+def cpu_info():
+    """CPU model and family of the first processor in /proc/cpuinfo (a VM's model name can
+    be as short as 'AMD EPYC'; family and model tell the generation)."""
+    keys = {"model name": "model", "vendor_id": "vendor", "cpu family": "family", "model": "model_id",
+            "stepping": "stepping", "cpu MHz": "mhz"}
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break                       # the end of the first processor's block
+                k, _, v = line.partition(":")
+                if k.strip() in keys:
+                    info[keys[k.strip()]] = v.strip()
+    except OSError:
+        pass
+    info.setdefault("model", platform.processor() or platform.machine())
+    return info
+
+
+def isa_path():
+    """tblock's vector path: which SIMD width its kernels were compiled for."""
+    from tblock.kernels import isa
+    p = isa.PATH
+    name = tblock.isa() if hasattr(tblock, "isa") else p.name
+    return {"name": name, "vector_bytes": p.vector_bytes, "nv": p.nv, "kc": p.kc, "cpu": p.cpu,
+            "forced": p.forced, "runnable": list(p.runnable)}
+
+
+def versions():
+    import numba
+    return {"python": platform.python_version(), "tblock": tblock.__version__, "numpy": np.__version__,
+            "numba": numba.__version__, **peers.peer_versions()}
+
+
+def pin_threads(n, names):
+    """Numba, the BLAS pools and torch at n threads (ONNX Runtime and OpenVINO get n when
+    their sessions are built); returns the counts in force."""
+    import numba
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    counts = {"requested": n, "numba": numba.get_num_threads()}
+    if {"torch", "compile", "openvino"} & set(names):
+        import torch
+        torch.set_num_threads(n)
+        counts["torch"] = torch.get_num_threads()
+    for name in ("ort", "openvino"):
+        if name in names:
+            counts[name] = n
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+        threadpool_limits(limits=n)         # for the process: numpy's matmul and the oracle
+        counts["blas"] = {f"{i['internal_api']} {i.get('version')}": i["num_threads"] for i in threadpool_info()}
+    except ImportError:
+        counts["blas"] = "not pinned (threadpoolctl is not installed)"
+    return counts
+
+
+# ---------------------------------------------------------------------------------------
+# timing
+
+# After a parallel region, thread pools (torch's OpenMP, ONNX Runtime's, Numba's "omp"
+# layer) spin for a few milliseconds before they sleep; a call started meanwhile shares the
+# cores with them.  So each implementation runs in blocks of back-to-back calls, with a
+# pause before the block and its first call not counted: each is timed as it runs in a
+# loop, and none pays for another's spinning threads.
+PAUSE_S = 0.05
+PER_BLOCK = 4          # timed samples per implementation per round
+SAMPLE_S = 0.005       # cheap calls are looped until a sample lasts this long
+
+
+def interleaved(fns, min_reps, budget_s, max_reps=200):
+    """Rounds of every fn in turn until each has min_reps samples and the budget is spent;
+    {name: [seconds per call, one per sample]}."""
+    if not fns:
+        return {}
+    inner = {}
+    for name, f in fns.items():
+        f()
+        inner[name] = max(1, math.ceil(SAMPLE_S / max(_timed(f), 1e-9)))
+    times = {name: [] for name in fns}
+    start = time.perf_counter()
+    while True:
+        n = min(len(t) for t in times.values())
+        if n >= max_reps or (n >= min_reps and time.perf_counter() - start >= budget_s):
+            return times
+        for name, f in fns.items():
+            time.sleep(PAUSE_S)
+            f()                                 # wakes the thread pool; not counted
+            for _ in range(PER_BLOCK):
+                t = time.perf_counter()
+                for _ in range(inner[name]):
+                    f()
+                times[name].append((time.perf_counter() - t) / inner[name])
+
+
+def build_all(names, w, cfg, H, threads):
+    """tblock and each peer, built and checked against the oracle: {name: record}; a record
+    with status "ok" carries the callable under "fn"."""
+    ref = tblock.forward(H, w, cfg, backend="numpy")           # float64 inside, (B, T, d)
+    out = {}
+    for name in ["tblock"] + names:
+        rec = out[name] = {}
+        try:
+            t = time.perf_counter()
+            if name == "tblock":
+                fn = lambda H=H: tblock.forward(H, w, cfg, backend="numba")
+            else:
+                peer = peers.build(name, w, cfg, threads=threads, shape=H.shape)
+                fn = lambda H=H, peer=peer: peer(H)
+            rec["build_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            y = fn()                            # compiles where the peer compiles lazily
+            rec["first_call_s"] = time.perf_counter() - t
+        except Exception as e:                  # one broken peer must not cost the others
+            rec.update(status="error", reason=f"{type(e).__name__}: {e}"[:300])
+            continue
+        rec["max_rel_err"] = peers.max_rel_error(y, ref)
+        rec["status"] = "ok" if rec["max_rel_err"] <= peers.TOLERANCE else "wrong"
+        if rec["status"] == "ok":
+            rec["fn"] = fn
+    return out
+
+
+def bench_point(d, h, T, B, names, quick, threads):
+    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
+    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
+    H = np.random.default_rng(1).standard_normal((B, T, d)).astype(np.float32)
+    impls = build_all(names, w, cfg, H, threads)
+    fns = {n: r.pop("fn") for n, r in impls.items() if "fn" in r}
+    # seconds of rounds after the minimum: more for slow calls, whose medians need more samples
+    budget = (1.0 if quick else 3.0) * len(fns) * (1 + B * T / 1024)
+    times = interleaved(fns, 3 if quick else 7, budget)
+    for name, ts in times.items():
+        impls[name].update(median_s=float(np.median(ts)), best_s=min(ts), reps=len(ts))
+    row = {"d": d, "heads": h, "T": T, "B": B, "causal_flops": causal_flops(d, T, B), "impls": impls}
+    tb = impls["tblock"].get("median_s")
+    timed = {n: r["median_s"] for n, r in impls.items() if n != "tblock" and "median_s" in r}
+    if tb and timed:
+        fastest = min(timed, key=timed.get)
+        row.update(fastest_peer=fastest, ratio=tb / timed[fastest])
+    if tb:
+        row["tblock_gflops"] = row["causal_flops"] / tb / 1e9
+        row["tblock_best_gflops"] = row["causal_flops"] / impls["tblock"]["best_s"] / 1e9
+    return row
+
+
+# ---------------------------------------------------------------------------------------
+# the machine's ceilings
+
+def gemm_gflops(names):
+    """Best float32 GEMM rate on the block's largest GEMM shape (d_model 768, T 4096, the
+    FFN's up projection) through numpy's BLAS and torch (best of several runs)."""
+    M, K, N = 4096, 768, 3072
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((K, N), dtype=np.float32)
+    C = np.empty((M, N), np.float32)
+    best = lambda f: min(_timed(f) for _ in range(7))
+    np.matmul(A, B, out=C)
+    res = {"shape": [M, K, N], "numpy_matmul": 2 * M * N * K / best(lambda: np.matmul(A, B, out=C)) / 1e9}
+    if {"torch", "compile", "openvino"} & set(names):
+        import torch
+        ta, tb, tc = torch.from_numpy(A), torch.from_numpy(B), torch.from_numpy(C)
+        torch.mm(ta, tb, out=tc)
+        res["torch_mm"] = 2 * M * N * K / best(lambda: torch.mm(ta, tb, out=tc)) / 1e9
+    return res
+
+
+def fma_registers():
+    """Vector registers of tblock's path: 32 zmm on avx512, 16 ymm / xmm otherwise."""
+    from tblock.kernels import isa
+    return 32 if isa.PATH.name == "avx512" else 16
+
+
+def _fma_source(nacc):
+    """A prange loop over threads, each running nacc independent FMA chains on vectors
+    of tblock's path (tblock.kernels.simd), written out: Numba cannot unroll a tuple of
+    vectors in a loop."""
+    acc = [f"c{i}" for i in range(nacc)]
+    lines = ["def fmas(a, n, nthreads):",
+             "    for t in prange(nthreads):",
+             "        L = lanes(a)",
+             "        x = vload(a, 0)",
+             "        y = vload(a, L)"]
+    lines += [f"        {c} = vsplat(a, 0.0)" for c in acc]
+    lines += ["        for _ in range(n):"] + [f"            {c} = vfma(x, y, {c})" for c in acc]
+    lines += ["        s = c0"] + [f"        s = vadd(s, {c})" for c in acc[1:]]
+    lines += ["        vstore(a, (2 + t) * L, s)"]
+    return "\n".join(lines)
+
+
+_FMA = {}
+
+
+def fma_loop(threads):
+    """fmas(n): threads x n x nacc vector FMAs, no memory traffic; compiled on first use.
+    nacc is three quarters of the path's registers (24 on avx512, 12 on avx2): far more
+    chains than FMA latency (4) x ports (2) needs, with x, y and spares left over."""
+    if threads not in _FMA:
+        from numba import njit, prange
+        from tblock.kernels import simd
+        nacc = fma_registers() * 3 // 4
+        ns = {"prange": prange, **{k: getattr(simd, k) for k in ("lanes", "vload", "vsplat", "vfma", "vadd", "vstore")}}
+        exec(_fma_source(nacc), ns)
+        fmas = njit(parallel=True)(ns["fmas"])
+        L = simd.VECTOR_BYTES // 4
+        a = np.full((2 + threads) * L, 1e-9, np.float32)
+        fmas(a, 10, threads)
+        _FMA[threads] = (lambda n: fmas(a, n, threads), nacc * L * 2)    # FLOPs per iteration per thread
+    return _FMA[threads]
+
+
+def fma_rate(n, threads):
+    """GFLOP/s of one run of the FMA loop (n iterations per thread), chunk size 1."""
+    import numba
+    loop, flops_per_iter = fma_loop(threads)
+    old = numba.set_parallel_chunksize(1)
+    try:
+        return threads * n * flops_per_iter / _timed(lambda: loop(n)) / 1e9
+    finally:
+        numba.set_parallel_chunksize(old)
+
+
+def measured_fma_peak(threads, runs):
+    """The float32 FMA throughput of independent FMAs of tblock's vector width on every
+    thread: the ceiling any kernel could reach, at the clock the cores really run at while
+    doing that work.  Best of several runs."""
+    return max(fma_rate(20_000_000, threads) for _ in range(runs))
+
+
+def nominal_peak(threads):
+    """(GFLOP/s, MHz): threads x MHz (/proc/cpuinfo) x 2 FMA ports x float32 lanes of
+    tblock's path x 2; meaningful only with two FMA ports of that width, at the listed clock
+    (a VM may list the base clock while the cores boost above it)."""
+    from tblock.kernels import isa
+    try:
+        mhz = max(float(l.split(":")[1]) for l in open("/proc/cpuinfo") if l.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        return None, None
+    return threads * mhz * 1e6 * 2 * (isa.PATH.vector_bytes // 4) * 2 / 1e9, mhz
+
+
+def matched_efficiency(threads, pairs):
+    """tblock's causal GFLOP/s at d_model 768, T 4096 as a share of the FMA peak measured
+    around the same call.  This machine is a shared VM whose speed swings, so each block
+    call sits between two short FMA bursts and is compared with their mean: when the cores
+    themselves are shared the bursts slow down with the block and the share holds; when
+    only the block slows (contention in the memory system, which a register-only loop never
+    touches) the share drops."""
+    d, h, T, B = BIG
+    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
+    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
+    H = np.random.default_rng(1).standard_normal((T, d)).astype(np.float32)
+    f = lambda: tblock.forward(H, w, cfg, backend="numba")
+    f()
+    n, fl = 8_000_000, causal_flops(d, T)
+    peaks, rates, shares = [fma_rate(n, threads)], [], []
+    for _ in range(pairs):
+        rates.append(fl / _timed(f) / 1e9)
+        peaks.append(fma_rate(n, threads))
+        shares.append(rates[-1] / ((peaks[-2] + peaks[-1]) / 2))
+    return {"pairs": pairs, "median_share": float(np.median(shares)), "best_share": max(shares),
+            "worst_share": min(shares), "block_gflops": rates, "peak_gflops": peaks, "shares": shares}
+
+
+# ---------------------------------------------------------------------------------------
+# memory, each in a fresh process: peak RSS (VmHWM) of one forward above a baseline
+
+_MEM_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    def hwm():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    import tblock
+    from tblock import peers
+    name, d, h, T, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    if name != "tblock":
+        ok, why = peers.peer_status(name)       # imports its libraries: part of the baseline
+        if not ok:
+            sys.exit(why)
+    base_import = hwm()
+    if name == "tblock":
+        import numba
+        numba.set_num_threads(threads)
+        tblock.warmup()          # loads the compiled kernels (Numba and LLVM take memory too)
+    base_warm = hwm()
+    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
+    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
+    H = np.random.default_rng(0).standard_normal((1, T, d)).astype(np.float32)
+    t = time.perf_counter()
+    if name == "tblock":
+        out = tblock.forward(H, w, cfg, backend="numba")
+    else:
+        out = peers.build(name, w, cfg, threads=threads, shape=H.shape)(H)
+    print(json.dumps({"base_import_mib": base_import, "base_warm_mib": base_warm, "peak_mib": hwm(),
+                      "seconds": time.perf_counter() - t, "finite": bool(np.isfinite(out).all())}))
+""")
+
+
+def memory(name, T, threads, d=768, h=12):
+    """Peak RSS of one forward (weights and input included) above the RSS after `import
+    tblock` and the implementation's libraries; for tblock also above import + warmup().
+    A peer's peak includes its compiler's (torch.compile, OpenVINO build on the first call)."""
+    p = subprocess.run([sys.executable, "-c", _MEM_CHILD, name, str(d), str(h), str(T), str(threads)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        return {"error": (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["above_import_mib"] = r["peak_mib"] - r["base_import_mib"]
+    r["above_warm_mib"] = r["peak_mib"] - r["base_warm_mib"]
+    return r
+
+
+# ---------------------------------------------------------------------------------------
+# output
+
+def fmt_time(s):
+    if s >= 1:
+        return f"{s:.2f} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
+
+
+def _cell(rec):
+    if rec is None:
+        return "-"
+    if "median_s" in rec:
+        return fmt_time(rec["median_s"])
+    return rec["status"]            # wrong or error: the details follow the table
+
+
+def table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def main_table(points, names):
+    header = ["d_model", "T", "B", "tblock"] + [peers.LABELS[n] for n in names] + ["tblock / fastest peer"]
+    rows = []
+    for r in points:
+        ratio = f"{r['ratio']:.2f} ({peers.LABELS[r['fastest_peer']]})" if "ratio" in r else "-"
+        rows.append([r["d"], r["T"], r["B"]] + [_cell(r["impls"].get(n)) for n in ["tblock"] + names] + [ratio])
+    return table(header, rows)
+
+
+def detail_table(points, names):
+    """Per point and implementation: max relative error against the oracle, and setup
+    time (build + first call: compilation lands there), neither part of the timings."""
+    header = ["d_model", "T", "B"] + [f"{n} err / setup" for n in ["tblock"] + names] + ["samples"]
+    rows = []
+    for r in points:
+        cells = []
+        for n in ["tblock"] + names:
+            x = r["impls"].get(n)
+            if x is None:
+                cells.append("-")
+            elif "max_rel_err" not in x:
+                cells.append(x["status"])
+            else:
+                cells.append(f"{x['max_rel_err']:.1e} / {x['build_s'] + x['first_call_s']:.2f} s")
+        rows.append([r["d"], r["T"], r["B"]] + cells + [r["impls"]["tblock"].get("reps", "-")])
+    return table(header, rows)
+
+
+def parse_point(text):
+    """d:heads:T or d:heads:T:B."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a point is d_model:heads:T[:B] with positive integers, got {text!r}")
+    d, h, T, *B = map(int, parts)
+    if d % h:
+        raise argparse.ArgumentTypeError(f"{text}: d_model {d} is not divisible by {h} heads")
+    return d, h, T, B[0] if B else 1
+
+
+def parse_peers(text):
+    names = []
+    for x in filter(None, (s.strip().lower() for s in text.split(","))):
+        if x not in PEER_ALIASES:
+            raise argparse.ArgumentTypeError(f"unknown peer {x!r}; choose from torch, compile, ort, openvino")
+        names.append(PEER_ALIASES[x])
+    return list(dict.fromkeys(names))
+
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions; no peer memory, no T=32768")
+    ap.add_argument("--points", nargs="+", type=parse_point, metavar="D:HEADS:T[:B]",
+                    help="sizes to compare (default: issue #12's seven and the toy block 8:2:4)")
+    ap.add_argument("--peers", type=parse_peers, default=list(peers.PEERS),
+                    help="comma-separated, from torch,compile,ort,openvino (default: all that are installed)")
+    ap.add_argument("--threads", type=int, default=usable_cores(), help="threads for every implementation")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+
+    # the order of imports matters: torch before Numba's pool starts, the others after
+    # (tblock.peers.import_early says why), so every library runs as it does on its own
+    peers.import_early(args.peers)
+    import numba
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    t = time.perf_counter()
+    tblock.warmup()
+    warmup_s = time.perf_counter() - t
+    fma_loop(args.threads)                  # starts Numba's pool
+    status = {n: peers.peer_status(n) for n in args.peers}
+    names = [n for n in args.peers if status[n][0]]
+    threads = pin_threads(args.threads, names)
+    threads["numba_threading_layer"] = numba.threading_layer()
+    results = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_info(), "isa": isa_path(), "threads": threads, "versions": versions(),
+        "peers": names, "not_run": {n: why for n, (ok, why) in status.items() if not ok},
+        "tolerance": peers.TOLERANCE, "quick": args.quick, "tblock_warmup_s": warmup_s,
+        "loadavg_start": list(os.getloadavg()), "points": []}
+    v, c, p = results["versions"], results["cpu"], results["isa"]
+    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), {usable_cores()} usable cores; "
+          f"tblock path {p['name']} ({p['vector_bytes']}-byte vectors, {p['nv']}-vector micro-tile rows, KC {p['kc']}, "
+          f"LLVM cpu {p['cpu']}{', forced' if p['forced'] else ''}); {args.threads} threads "
+          f"({', '.join(f'{k} {x}' for k, x in threads.items() if k not in ('requested', 'blas'))})")
+    print(f"tblock.warmup() {warmup_s:.1f} s (compiles, or loads Numba's cache)")
+    print("versions: " + ", ".join(f"{k} {x or 'not installed'}" for k, x in v.items()))
+    for n, why in results["not_run"].items():
+        print(f"not run: {peers.LABELS[n]}: {why}")
+    print(f"float32, causal Pre-LN, tanh GELU, no biases; median time per call of interleaved rounds"
+          f"{' (quick)' if args.quick else ''}\n", flush=True)
+
+    for d, h, T, B in args.points or POINTS:
+        results["points"].append(bench_point(d, h, T, B, names, args.quick, args.threads))
+        r = results["points"][-1]
+        print(f"  d_model {d} T {T} B {B}: " + ", ".join(
+            f"{n} {_cell(x)}" for n, x in r["impls"].items()), flush=True)
+    print()
+    print(main_table(results["points"], names))
+    print("\nmax relative error against the numpy oracle / setup (build + first call, not timed):")
+    print(detail_table(results["points"], names))
+    for r in results["points"]:
+        for n, x in r["impls"].items():
+            if x["status"] != "ok":
+                why = x.get("reason") or f"max relative error {x['max_rel_err']:.2e} > {peers.TOLERANCE:g}"
+                print(f"{n} at d_model {r['d']} T {r['T']} B {r['B']}: {x['status']}: {why}")
+
+    print()
+    g = results["gemm"] = gemm_gflops(names)
+    print(f"best float32 GEMM {'x'.join(map(str, g['shape']))}: "
+          + ", ".join(f"{k} {x:.1f} GFLOP/s" for k, x in g.items() if k != "shape"))
+    nominal, mhz = nominal_peak(args.threads)
+    results["nominal_peak_gflops"], results["cpuinfo_mhz"] = nominal, mhz
+    fma = results["measured_fma_peak_gflops"] = measured_fma_peak(args.threads, 3 if args.quick else 5)
+    nacc, lanes = fma_registers() * 3 // 4, p["vector_bytes"] // 4
+    results["fma_loop"] = {"accumulators": nacc, "lanes": lanes, "path": p["name"]}
+    print(f"measured FMA peak ({args.threads} threads x {nacc} independent {lanes}-lane float32 FMA chains, "
+          f"path {p['name']}): {fma:.1f} GFLOP/s"
+          + (f"; nominal at the cpuinfo clock ({mhz:.0f} MHz x threads x 2 FMA ports x {lanes} lanes x 2): "
+             f"{nominal:.1f}" if nominal else ""))
+    big = [r for r in results["points"] if (r["d"], r["heads"], r["T"], r["B"]) == BIG and "tblock_gflops" in r]
+    if big:
+        r = big[0]
+        for what, gf in (("median call", r["tblock_gflops"]), ("fastest call", r["tblock_best_gflops"])):
+            print(f"d_model 768, T 4096, tblock, {what}: {gf:.1f} GFLOP/s (causal FLOPs) = {100 * gf / fma:.0f}% "
+                  "of the measured FMA peak" + (f", {100 * gf / nominal:.0f}% of nominal" if nominal else ""))
+        m = results["matched_efficiency"] = matched_efficiency(args.threads, 3 if args.quick else 9)
+        print(f"d_model 768, T 4096, each tblock call against the FMA peak measured around it ({m['pairs']} calls): "
+              f"median {100 * m['median_share']:.0f}%, range {100 * m['worst_share']:.0f}-{100 * m['best_share']:.0f}%")
+
+    if not args.no_memory:
+        runs = [("tblock", 4096)] + ([] if args.quick else [("tblock", 32768)] + [(n, 4096) for n in names])
+        results["memory"] = {}
+        for name, T in runs:
+            m = results["memory"][f"{name}_T{T}"] = memory(name, T, args.threads)
+            what = f"memory d_model 768 T {T}, {name}"
+            if "error" in m:
+                print(f"{what}: failed: {m['error']}")
+                continue
+            print(f"{what}: peak RSS {m['peak_mib']:.0f} MiB, {m['above_import_mib']:.0f} MiB above `import tblock`"
+                  + (f" ({m['base_import_mib']:.0f} MiB), {m['above_warm_mib']:.0f} above import + warmup()"
+                     if name == "tblock" else f" and its libraries ({m['base_import_mib']:.0f} MiB)")
+                  + f"; weights and input included; the call took {m['seconds']:.2f} s")
+    results["loadavg_end"] = list(os.getloadavg())
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+        print(f"wrote {args.json}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""Peers: other CPU libraries running the same block, to compare tblock against.
+
+    torch      nanoGPT's Block (bias=False), F.scaled_dot_product_attention, eager
+    compile    the same module through torch.compile (inductor's CPU backend)
+    ort        ONNX Runtime on a graph built with onnx.helper: com.microsoft Attention
+               (fused QKV, causal), LayerNormalization, FastGelu, MatMul, Add
+    openvino   the torch module through ov.convert_model, compiled for "CPU" in f32
+
+Each builder takes tblock's weights and config and returns a callable that maps a numpy
+(B, T, d_model) or (T, d_model) float32 array to a new numpy array of the same shape: the
+same function as ``tblock.forward(H, weights, cfg)`` with the same weights. Peers are
+float32 only (ONNX Runtime's Attention has no float64 kernel).
+
+None of the libraries is a dependency (``pip install 'tblock-cpu[peers]'``): each is
+imported inside the function that needs it, so ``import tblock`` never loads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import shutil
+import warnings
+
+import numpy as np
+
+from .config import BlockConfig
+from .weights import BlockWeights
+
+PEERS = ("torch", "compile", "ort", "openvino")
+LABELS = {"torch": "torch", "compile": "torch.compile", "ort": "ONNX Runtime", "openvino": "OpenVINO"}
+# the modules each peer imports; openvino converts the torch module, so it needs torch too
+NEEDS = {"torch": ("torch",), "compile": ("torch",), "ort": ("onnx", "onnxruntime"),
+         "openvino": ("openvino", "torch")}
+DISTRIBUTIONS = ("torch", "onnx", "onnxruntime", "openvino")
+# the distribution whose version names each peer
+DISTRIBUTION = {"torch": "torch", "compile": "torch", "ort": "onnxruntime", "openvino": "openvino"}
+# a float32 peer whose max |out - oracle| / max |oracle| exceeds this computes something else
+TOLERANCE = 1e-3
+
+
+# ---------------------------------------------------------------------------------------
+# which peers can run here
+
+@functools.cache
+def _module_status(module: str) -> str:
+    """'' when ``module`` imports, else why not (a broken install must not break a caller)."""
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed (pip install 'tblock-cpu[peers]')"
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        return f"{module} failed to import: {type(e).__name__}: {e}"
+    return ""
+
+
+def peer_status(name: str) -> tuple[bool, str]:
+    """(can run here, why not) for one of PEERS."""
+    if name not in PEERS:
+        raise ValueError(f"peer must be one of {PEERS}, got {name!r}")
+    for module in NEEDS[name]:
+        why = _module_status(module)
+        if why:
+            return False, why
+    if name == "compile" and not shutil.which(_cxx()):
+        return False, f"torch.compile's inductor needs a C++ compiler ({_cxx()} is not on PATH)"
+    return True, ""
+
+
+def import_early(names) -> None:
+    """Import torch now if a peer in ``names`` needs it: call this before Numba's thread pool
+    starts (numba.set_num_threads, or tblock's first parallel call). Imported after that pool
+    and then given a thread count, torch ran its OpenMP regions 50x slower here (8 ms a call
+    instead of 0.17 ms at d_model 64, B 4). Import the other peers after the pool: OpenVINO
+    loads TBB, which a Numba pool started after it takes for its threading layer."""
+    if any("torch" in NEEDS[n] for n in names):
+        _module_status("torch")
+
+
+def _cxx() -> str:
+    from torch._inductor import config
+    return config.cpp.cxx[-1] or "g++"
+
+
+def available_peers() -> list[str]:
+    """The peers whose libraries import here, in PEERS order (imports them: seconds)."""
+    return [p for p in PEERS if peer_status(p)[0]]
+
+
+def peer_versions() -> dict[str, str | None]:
+    """Installed version of each peer library (None when absent), without importing it."""
+    out = {}
+    for dist in DISTRIBUTIONS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def max_rel_error(out, ref) -> float:
+    """max |out - ref| / max |ref|: one number for how far a peer is from the oracle
+    (infinite for a wrong shape)."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if out.shape != ref.shape:
+        return float("inf")
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), np.finfo(np.float64).tiny))
+
+
+def _float32(w: BlockWeights, cfg: BlockConfig) -> dict:
+    if not isinstance(cfg, BlockConfig):
+        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    w.check(cfg)
+    return {k: np.asarray(a, np.float32) for k, a in w.arrays().items()}
+
+
+def _batched(run):
+    """run takes and returns (B, T, d); the callable also takes (T, d), as tblock.forward does."""
+    def call(H):
+        return run(H) if H.ndim == 3 else run(H[None])[0]
+    return call
+
+
+# ---------------------------------------------------------------------------------------
+# torch: nanoGPT's model.py modules
+
+@functools.cache
+def _torch_classes():
+    """nanoGPT's Block and its parts, defined on first use (torch is imported only then)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class LayerNorm(nn.Module):
+        """nanoGPT's LayerNorm; weight and bias None without affine (the lesson's default)."""
+
+        def __init__(self, d, eps):
+            super().__init__()
+            self.d, self.eps = d, eps
+            self.weight = self.bias = None
+
+        def forward(self, x):
+            return F.layer_norm(x, (self.d,), self.weight, self.bias, self.eps)
+
+    class CausalSelfAttention(nn.Module):
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.d, self.n_head, self.causal = cfg.d_model, cfg.n_heads, cfg.causal
+            # key, query, value projections for all heads, in one batch
+            self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+            self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+        def core(self, q, k, v):
+            # q, k, v: (B, T, C) -> (B, nh, T, hs); the flash kernel skips masked tiles when causal
+            B, T, C = q.size()
+            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=self.causal)
+            return y.transpose(1, 2).contiguous().view(B, T, C)     # re-assemble all head outputs
+
+        def forward(self, x):
+            q, k, v = self.c_attn(x).split(self.d, dim=2)
+            return self.c_proj(self.core(q, k, v))
+
+    class MLP(nn.Module):
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias)
+            self.act = {"gelu_tanh": nn.GELU(approximate="tanh"), "gelu_erf": nn.GELU(),
+                        "relu": nn.ReLU()}[cfg.activation]
+            self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.ffn_bias)
+
+        def forward(self, x):
+            return self.c_proj(self.act(self.c_fc(x)))
+
+    class Block(nn.Module):
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.pre = cfg.norm == "pre"
+            self.ln_1, self.attn = LayerNorm(cfg.d_model, cfg.eps), CausalSelfAttention(cfg)
+            self.ln_2, self.mlp = LayerNorm(cfg.d_model, cfg.eps), MLP(cfg)
+
+        def forward(self, x):
+            if self.pre:
+                x = x + self.attn(self.ln_1(x))
+                return x + self.mlp(self.ln_2(x))
+            x = self.ln_1(x + self.attn(x))
+            return self.ln_2(x + self.mlp(x))
+
+    return Block
+
+
+def torch_module(w: BlockWeights, cfg: BlockConfig, dtype=np.float32):
+    """nanoGPT's Block for ``cfg`` holding ``w`` (in ``dtype``), in eval mode.
+    ``block.attn.core``, ``block.mlp``, ``block.ln_1`` are its parts (tblock.components times them)."""
+    import torch
+    import torch.nn as nn
+
+    if not isinstance(cfg, BlockConfig):
+        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    w.check(cfg)
+    dtype = np.dtype(dtype)
+    a = w.arrays()
+
+    def t(x):
+        # a private C-ordered copy: torch tensors must not share BlockWeights' read-only arrays
+        return torch.from_numpy(np.array(x, dtype=dtype, order="C", copy=True))
+
+    block = _torch_classes()(cfg).to(getattr(torch, dtype.name))       # float32 or float64
+    for ln, n in ((block.ln_1, "ln1"), (block.ln_2, "ln2")):
+        if f"{n}_gamma" in a:
+            ln.weight, ln.bias = nn.Parameter(t(a[f"{n}_gamma"])), nn.Parameter(t(a[f"{n}_beta"]))
+    with torch.no_grad():
+        # nn.Linear computes x @ W.T: it stores our row-convention (in, out) matrices transposed
+        block.attn.c_attn.weight.copy_(t(np.concatenate([a["w_q"], a["w_k"], a["w_v"]], axis=1).T))
+        block.attn.c_proj.weight.copy_(t(a["w_o"].T))
+        block.mlp.c_fc.weight.copy_(t(a["w_ff1"].T))
+        block.mlp.c_proj.weight.copy_(t(a["w_ff2"].T))
+        if cfg.ffn_bias:
+            block.mlp.c_fc.bias.copy_(t(a["b_ff1"]))
+            block.mlp.c_proj.bias.copy_(t(a["b_ff2"]))
+    return block.eval()
+
+
+def _torch_threads(threads):
+    import torch
+    if threads is not None:
+        torch.set_num_threads(threads)       # process-wide: torch has one intra-op pool
+
+
+def _torch_call(module):
+    import torch
+
+    @torch.inference_mode()
+    def run(H):                              # (B, T, d) -> (B, T, d)
+        return module(torch.from_numpy(H)).numpy()      # from_numpy shares memory: no copy in
+    return _batched(run)
+
+
+def torch_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+    """PyTorch eager: nanoGPT's Block under inference_mode."""
+    _torch_threads(threads)
+    return _torch_call(torch_module(w, cfg))
+
+
+def torch_compiled(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None,
+                   reset: bool = True):
+    """torch.compile of the same module (inductor, default mode); it compiles on the first
+    call. With ``shape`` given the graph is specialised to it (dynamic=False), else torch's
+    default: static first, dynamic T after a second shape.
+
+    Every Block shares one forward, and dynamo compiles a function at most 8 times per
+    process, then runs it eagerly without a word; ``reset`` forgets earlier compilations
+    (of every function) first, so a benchmark that builds one block per size times
+    compiled code at each."""
+    import torch
+    _torch_threads(threads)
+    if reset:
+        torch._dynamo.reset()
+    return _torch_call(torch.compile(torch_module(w, cfg), dynamic=False if shape is not None else None))
+
+
+# ---------------------------------------------------------------------------------------
+# ONNX Runtime: the block as an ONNX graph
+
+def onnx_model(w: BlockWeights, cfg: BlockConfig):
+    """The block as an ONNX ModelProto (opset 20 + com.microsoft), input "x", output "y",
+    both (B, T, d_model) float32 with symbolic B and T."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    a = _float32(w, cfg)
+    d = cfg.d_model
+    inits = {"w_qkv": np.concatenate([a["w_q"], a["w_k"], a["w_v"]], axis=1),   # (d, 3d): [W_q W_k W_v]
+             "b_qkv": np.zeros(3 * d, np.float32),      # Attention's bias input; ours has none
+             "w_o": a["w_o"], "w_1": a["w_ff1"], "w_2": a["w_ff2"]}
+    for n in ("ln1", "ln2"):
+        inits[f"{n}_g"] = a.get(f"{n}_gamma", np.ones(d, np.float32))
+        inits[f"{n}_b"] = a.get(f"{n}_beta", np.zeros(d, np.float32))
+    nodes = []
+
+    def node(op, ins, out, domain="", **attrs):
+        nodes.append(helper.make_node(op, ins, [out], domain=domain, **attrs))
+        return out
+
+    def ln(x, n, out=None):
+        return node("LayerNormalization", [x, f"{n}_g", f"{n}_b"], out or f"{n}_{x}", axis=-1, epsilon=cfg.eps)
+
+    def mha(x):
+        # fused QKV projection, per-head scores, causal mask (unidirectional) and AV
+        att = node("Attention", [x, "w_qkv", "b_qkv"], f"att_{x}", domain="com.microsoft",
+                   num_heads=cfg.n_heads, unidirectional=int(cfg.causal))
+        return node("MatMul", [att, "w_o"], f"mha_{x}")
+
+    def ffn(x):
+        f = node("MatMul", [x, "w_1"], f"up_{x}")
+        if cfg.ffn_bias:
+            inits["b_1"], inits["b_2"] = a["b_ff1"], a["b_ff2"]
+            f = node("Add", [f, "b_1"], f"upb_{x}")
+        # FastGelu: com.microsoft's tanh GELU (opset 20's Gelu(approximate="tanh") is no faster)
+        f = {"gelu_tanh": lambda: node("FastGelu", [f], f"act_{x}", domain="com.microsoft"),
+             "gelu_erf": lambda: node("Gelu", [f], f"act_{x}"),
+             "relu": lambda: node("Relu", [f], f"act_{x}")}[cfg.activation]()
+        f = node("MatMul", [f, "w_2"], f"down_{x}")
+        return node("Add", [f, "b_2"], f"downb_{x}") if cfg.ffn_bias else f
+
+    if cfg.norm == "pre":
+        mid = node("Add", ["x", mha(ln("x", "ln1"))], "mid")
+        node("Add", [mid, ffn(ln(mid, "ln2"))], "y")
+    else:
+        mid = ln(node("Add", ["x", mha("x")], "res1"), "ln1")
+        ln(node("Add", [mid, ffn(mid)], "res2"), "ln2", out="y")
+
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "T", d]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "tblock", io[:1], io[1:],
+                              [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def onnxruntime_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+    """ONNX Runtime's CPU provider on onnx_model(w, cfg), every graph optimisation on."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3               # its warnings are about unused initialisers
+    if threads is not None:
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(onnx_model(w, cfg).SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    def run(H):                              # (B, T, d) -> (B, T, d)
+        return sess.run(None, {"x": H})[0]
+    return _batched(run)
+
+
+# ---------------------------------------------------------------------------------------
+# OpenVINO: the torch module converted
+
+def openvino_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+    """OpenVINO's CPU plugin on ov.convert_model(torch_module(w, cfg)), f32 (not the bf16 it
+    picks by itself on AVX-512 BF16 machines), latency hint. ``shape`` fixes the input shape."""
+    import openvino as ov
+    import torch
+
+    example = torch.zeros(tuple(shape) if shape is not None else (1, 8, cfg.d_model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # convert_model traces with TorchScript, which torch deprecates
+        model = ov.convert_model(torch_module(w, cfg), example_input=example)
+    if shape is not None:
+        model.reshape(list(shape))          # static: the plugin can plan every buffer once
+    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    if threads is not None:
+        config["INFERENCE_NUM_THREADS"] = threads
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+
+    def run(H):                              # (B, T, d) -> (B, T, d), the output copied out
+        return request.infer({0: H}, share_inputs=True)[0]
+    return _batched(run)
+
+
+BUILDERS = {"torch": torch_block, "compile": torch_compiled, "ort": onnxruntime_block,
+            "openvino": openvino_block}
+
+
+def build(name: str, w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+    """The peer ``name``'s callable; ``shape`` (B, T, d_model), when the caller knows it, lets
+    the compiling peers specialise to it."""
+    ok, why = peer_status(name)
+    if not ok:
+        raise RuntimeError(f"peer {name!r} cannot run here: {why}")
+    return BUILDERS[name](w, cfg, threads=threads, shape=shape)

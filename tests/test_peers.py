@@ -1,0 +1,150 @@
+"""tblock.peers: every installed peer computes the oracle's block; tblock imports none of
+them; `tblock report` and bench/compare_peers.py run with or without them.
+
+The peer libraries are optional (the `peers` extra, not installed in CI): each test that
+needs one skips, naming it, when it is missing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tblock
+from tblock import cli, peers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def need(name):
+    """Skip unless every library of peer ``name`` imports."""
+    for module in peers.NEEDS[name]:
+        pytest.importorskip(module, reason=f"{module} is not installed (the optional peers extra)")
+    ok, why = peers.peer_status(name)
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("name", peers.PEERS)
+def test_peer_matches_the_oracle(name, B):
+    need(name)
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2)
+    w = tblock.init_weights(cfg, seed=4, dtype=np.float32)
+    H = np.random.default_rng(B).standard_normal((B, 8, 16)).astype(np.float32)
+    fn = peers.build(name, w, cfg, threads=1, shape=H.shape)
+    out = fn(H)
+    assert out.shape == H.shape and out.dtype == np.float32
+    assert peers.max_rel_error(out, tblock.forward(H, w, cfg, backend="numpy")) < 1e-5
+    np.testing.assert_array_equal(fn(H), out)       # a second call: same answer, nothing consumed
+
+
+@pytest.mark.parametrize("name", ["torch", "ort"])
+def test_peer_takes_2d_input_and_other_configs(name):
+    # the builders follow the config: Post-LN, LayerNorm affines, FFN biases, erf GELU, no mask
+    need(name)
+    cfg = tblock.BlockConfig(d_model=16, n_heads=4, norm="post", ln_affine=True, ffn_bias=True,
+                             activation="gelu_erf", causal=False)
+    rng = np.random.default_rng(0)
+    w = tblock.init_weights(cfg, seed=1, dtype=np.float32)
+    w = tblock.BlockWeights(**{k: (a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32)
+                               for k, a in w.arrays().items()})
+    H = rng.standard_normal((8, 16)).astype(np.float32)
+    out = peers.build(name, w, cfg, threads=1)(H)
+    assert out.shape == (8, 16)
+    assert peers.max_rel_error(out, tblock.forward(H, w, cfg, backend="numpy")) < 1e-5
+
+
+def test_onnx_graph_uses_the_fused_attention_op():
+    need("ort")
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2)
+    model = peers.onnx_model(tblock.init_weights(cfg, seed=0), cfg)
+    ops = {(n.domain, n.op_type): n for n in model.graph.node}
+    att = ops[("com.microsoft", "Attention")]
+    assert {a.name: a.i for a in att.attribute} == {"num_heads": 2, "unidirectional": 1}
+    assert ("com.microsoft", "FastGelu") in ops and ("", "LayerNormalization") in ops
+
+
+def test_tblock_imports_no_peer():
+    code = ("import sys, tblock, tblock.peers; tblock.peers.peer_versions(); "
+            "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'openvino') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_status_and_versions_agree():
+    versions = peers.peer_versions()
+    assert set(versions) == set(peers.DISTRIBUTIONS)
+    for name in peers.PEERS:
+        ok, why = peers.peer_status(name)
+        assert ok == (name in peers.available_peers())
+        assert ok or why
+        if ok:
+            assert versions[peers.DISTRIBUTION[name]]
+    with pytest.raises(ValueError, match="peer must be one of"):
+        peers.peer_status("tensorflow")
+
+
+def test_report_lists_the_peers(tmp_path, capsys):
+    # cheap peers when installed; the report works, and says why, when none is
+    ran = [p for p in ("ort", "torch") if peers.peer_status(p)[0]]
+    argv = ["report", "--d-model", "16", "--n-heads", "2", "--T-list", "4,16", "--repeats", "1",
+            "--target-time", "0", "--ceiling-sizes", "32", "--backends", "numba", "--no-plots",
+            "--out", str(tmp_path / "r")]
+    assert cli.main(argv + ["--peers", ",".join(ran)] if ran else argv) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    md = (tmp_path / "r" / "report.md").read_text()
+    if not ran:
+        assert set(data["peers"]) == set(peers.PEERS)
+        assert all(not p["available"] and p["reason"] for p in data["peers"].values())
+        assert "peers not run" in out and "## The whole block against its peers" in md
+        return
+    for name in ran:
+        p = data["peers"][name]
+        assert p["available"] and p["version"] == peers.peer_versions()[peers.DISTRIBUTION[name]]
+        assert [r["T"] for r in p["results"]] == [4, 16]
+        assert all(r["status"] == "ok" and r["median_s"] > 0 and r["max_rel_err"] < 1e-3 for r in p["results"])
+        assert peers.LABELS[name] in md
+    assert "whole block against its peers" in out and "numba / fastest peer" in md
+
+
+def test_report_without_peers(tmp_path):
+    argv = ["report", "--d-model", "16", "--n-heads", "2", "-T", "4", "--repeats", "1", "--target-time", "0",
+            "--ceiling-sizes", "32", "--backends", "numpy", "--no-plots", "--peers", "none", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["peers"] == {}
+    assert "against its peers" not in (tmp_path / "report.md").read_text()
+
+
+def test_report_refuses_an_unknown_peer(tmp_path, capsys):
+    assert cli.main(["report", "--peers", "tensorflow", "--out", str(tmp_path / "r")]) == 2
+    assert "--peers" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_compare_peers_script_at_a_tiny_size(tmp_path):
+    """bench/compare_peers.py end to end, tiny and quick: its table and its JSON."""
+    out = tmp_path / "peers.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "compare_peers.py"), "--quick", "--points", "16:2:8",
+                        "--no-memory", "--threads", "2", "--json", str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    installed = peers.available_peers()
+    assert data["peers"] == installed
+    header = next(line for line in r.stdout.splitlines() if line.startswith("d_model"))
+    for column in ["T", "B", "tblock"] + [peers.LABELS[n] for n in installed] + ["tblock / fastest peer"]:
+        assert column in header
+    [point] = data["points"]
+    assert (point["d"], point["heads"], point["T"], point["B"]) == (16, 2, 8, 1)
+    assert set(point["impls"]) == {"tblock", *installed}
+    for name, rec in point["impls"].items():
+        assert rec["status"] == "ok" and rec["max_rel_err"] < 1e-3 and rec["median_s"] > 0, name
+    assert ("ratio" in point) == bool(installed)
+    assert data["isa"]["name"] == tblock.isa() and data["isa"]["vector_bytes"] in (16, 32, 64)
+    assert data["cpu"]["model"] and data["versions"]["numba"] and data["threads"]["numba"] >= 1
+    assert data["measured_fma_peak_gflops"] > 0 and data["fma_loop"]["lanes"] == data["isa"]["vector_bytes"] // 4
