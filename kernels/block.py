@@ -46,27 +46,21 @@ from .options import JIT
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .validate import all_finite
 
-# tile sizes (rows are tokens of all sequences together, except in attention)
-MC = 192      # rows per QKV / W_O task at most (rows_per_task balances them).  Each task
-              # streams all of W_qkv or W_o: 192 rows read them half as often as 96
-              # (side by side, 3 runs: 768/1024 median 0.99-1.00, fastest 0.94-0.97;
-              # 384/1024 0.94-0.99; the 384 KiB+ A block still fits L2)
+# tile sizes (rows are tokens of all sequences together, except in attention); the
+# measurements behind each are in docs/perf-log.md
+MC = 192      # rows per QKV / W_O task at most (rows_per_task balances them): each task
+              # streams all of W_qkv or W_o, so more rows read them less often, while the
+              # 384 KiB+ A block still fits L2
 BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
-BK = 256      # keys per attention tile, a multiple of NR for both dtypes (256 amortises
-              # the per-row softmax bookkeeping: ~15% faster than 128 at T=2048)
-MF = 192      # rows per FFN task at most.  Every task streams all of W_1 and W_2 (19 MiB
-              # at d_model=768, from L3), so more rows per task means fewer passes over
-              # them: 192 rows ran the d_model=768 FFN 10-15% faster than 96 (measured side
-              # by side, T=1024 and 4096); 384 measured no faster with FF_CHUNK
-FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and of NR for both dtypes:
-              # the 192 x 256 chunk (192 KiB) stays in L2.  Side by side with the whole
-              # (192, 3072) hidden tile, which spilled to L3: 768/4096 median 0.90, fastest
-              # 0.99; 768/1024 0.97 / 1.00; 384/1024 0.95 / 0.95, bitwise the same output.
-              # The medians gain most: busy spells here are L3 contention from other tenants
+BK = 256      # keys per attention tile, a multiple of NR on every path and dtype (more keys
+              # amortise the per-row softmax bookkeeping)
+MF = 192      # rows per FFN task at most: every task streams all of W_1 and W_2 (19 MiB
+              # at d_model=768, from L3), so more rows per task mean fewer passes over them
+FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every path: the
+              # 192 x 256 chunk (192 KiB) stays in L2, where a whole (192, d_ff) hidden
+              # tile spilled to L3
 # attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
-# this.  Measured per head, float32, causal (direct / packed + tiled): T=4, d_k=16 0.16 /
-# 1.8 us; T=16, d_k=16 1.6 / 3.5 us; T=8, d_k=64 0.7 / 4.3 us; T=32, d_k=16 (16384) 7.5 /
-# 6.5 us: the tiles win from about there
+# this: below it, packing and tiles cost more than the whole untiled loop
 DIRECT_MAX = 8192
 
 
