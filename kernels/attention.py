@@ -80,8 +80,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     NR = panel_lanes(Kt)
     m = q1 - q0
     zero = vsplat(O, 0.0)
-    c2 = scale * LOG2E
-    vc2 = vsplat(S, c2)
+    vc2 = vsplat(S, scale * LOG2E)
     pack_rows(X, q_off + q0 * ldx, ldx, m, dk, Qt, 0, dk)
     for i in range(m):
         mrow[i] = -math.inf
@@ -96,7 +95,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             if causal and k0 > q0 + s1 - 1:
                 continue                # no query of this sub-tile sees a key of the tile
             _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale,
-                      c2, vc2, BK, S, O, mrow, lrow, NR, W, zero)
+                      vc2, BK, S, O, mrow, lrow, NR, W, zero)
     for i in range(m):
         vinv = vsplat(O, 1.0 / lrow[i])
         for c in range(0, dk, W):
@@ -104,7 +103,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
 
 
 @njit(**JIT)
-def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, c2, vc2,
+def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, vc2,
               BK, S, O, mrow, lrow, NR, W, zero):
     """One key tile (keys k0..k0+kn-1) against the task's queries s0..s1-1 (relative to
     q0): scores, online-softmax update of mrow/lrow/O, O += P V.  S holds this
