@@ -6,6 +6,11 @@
     H_out = tblock.forward(np.random.randn(4, 8).astype(np.float32), w, cfg)
 """
 
+from . import _runtime
+
+_runtime.choose_threading_layer()    # fork-safe "workqueue", before anything starts Numba's pool
+
+from ._runtime import get_num_threads, set_num_threads, threads
 from .api import (BACKEND_MODULES, BackendUnavailable, Block, Stack, Trace, available_backends,
                   forward)
 from .config import BlockConfig
@@ -24,8 +29,8 @@ __version__ = "0.1.0"
 # Compiling happens on first use or in warmup(), never at import.
 try:
     from . import _numba_backend as _default_backend
-except (ImportError, ValueError):   # Numba missing or broken, or a bad TBLOCK_ISA:
-    _default_backend = None         # forward(backend="numba") and isa() say why
+except Exception:                   # Numba missing or broken, or a bad TBLOCK_ISA: the numpy
+    _default_backend = None         # and c backends still run; forward(backend="numba") says why
 
 
 def isa() -> str:
@@ -45,7 +50,8 @@ def warmup() -> None:
 __all__ = [
     "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount",
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
-    "init_weights", "isa", "load_worked_example", "param_breakdown", "param_count", "warmup",
+    "get_num_threads", "init_weights", "isa", "load_worked_example", "param_breakdown", "param_count",
+    "set_num_threads", "threads", "warmup",
 ]
 
 # The lesson's lenses, its sidebars, the demo's model and the walk-through: loaded on first

@@ -4,10 +4,11 @@ Validation happens in tblock.api; this module only prepares the weights once per
 dtype (packed and fused into one flat buffer, cached on the BlockWeights) and makes a
 single call into compiled code per forward pass.
 
-Threading: all parallel work runs in Numba's thread pool (one thread per core by
-default, see numba.set_num_threads), inside the compiled block; no BLAS is called on
-that path, so BLAS threads never compete with it.  Numba's default "workqueue"
-threading layer aborts if two Python threads enter parallel code at once, and the
+Threading: all parallel work runs in Numba's thread pool, inside the compiled block, on
+tblock's thread count (tblock.set_num_threads; Numba's own count is per Python thread, so
+parallel_call sets it in the calling thread); no BLAS is called on that path, so BLAS
+threads never compete with it.  The "workqueue" threading layer tblock selects (fork-safe,
+see tblock._runtime) aborts if two Python threads enter parallel code at once, and the
 OpenMP/TBB layers would run both regions on the same cores, oversubscribed.  A lock
 around the parallel call therefore makes concurrent callers take turns: each call
 still uses every core, and the results are exactly the serial ones.  The serial
@@ -21,6 +22,7 @@ import threading
 import numba
 import numpy as np
 
+from . import _runtime
 from .kernels.activations import ACTIVATION_CODES, bias_act_rows
 from .kernels.block import block_parallel, block_serial, packed_len, weight_layout
 from .kernels.gemm import pack_b, packed_size, panel_width
@@ -121,18 +123,26 @@ def forward_batch(H, weights, cfg, trace):
     if B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS:
         out = block_serial(H, flat, T, d, *scalars, 1)
     else:
-        with _PARALLEL_LOCK:
-            out = _run_parallel((H, flat, T, d, *scalars, numba.get_num_threads()))
+        out = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
     return (out, None) if out.size else (None, None)
 
 
-def _run_parallel(args):
-    # chunk size 1 = dynamic scheduling of the coarse tasks (thread-local setting)
-    old = numba.set_parallel_chunksize(1)
-    try:
-        return block_parallel(*args)
-    finally:
-        numba.set_parallel_chunksize(old)
+def parallel_call(fn, *args, pass_threads=False):
+    """``fn(*args)`` (``fn(*args, nthr)`` with pass_threads) on tblock's thread count, one
+    caller at a time.  Numba's thread count and chunk size are thread-local, so they are
+    set here, in the calling thread, and put back afterwards."""
+    n = _runtime._threads
+    with _PARALLEL_LOCK:
+        old_n = numba.get_num_threads()
+        if old_n != n:
+            numba.set_num_threads(n)
+        old_chunk = numba.set_parallel_chunksize(1)    # dynamic scheduling of the coarse tasks
+        try:
+            return fn(*args, n) if pass_threads else fn(*args)
+        finally:
+            numba.set_parallel_chunksize(old_chunk)
+            if old_n != n:
+                numba.set_num_threads(old_n)
 
 
 # ----------------------------------------------------------------------------- trace
@@ -222,8 +232,7 @@ def warmup() -> None:
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only inputs
         flat = w.prepared((_KEY, np.dtype(dtype).char), lambda ww: _pack_weights(ww, dtype))
-        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps, 1)
-        block_serial(*args)
-        with _PARALLEL_LOCK:
-            _run_parallel(args)
+        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
+        block_serial(*args, 1)
+        parallel_call(block_parallel, *args, pass_threads=True)
         _forward_trace(H, w, cfg)

@@ -246,7 +246,6 @@ def _numpy_components(cfg, weights, dtype):
 # block's own kernels, tiles and task split
 
 try:
-    import numba
     from numba import njit, prange
 
     from .kernels.activations import ACTIVATION_CODES
@@ -295,7 +294,7 @@ def _numba_components(cfg, weights, dtype):
     try:
         if _NUMBA_KERNELS_MISSING:
             raise ImportError(_NUMBA_KERNELS_MISSING)
-        from ._numba_backend import _KEY, _pack_weights
+        from ._numba_backend import _KEY, _pack_weights, parallel_call
     except ImportError as e:
         for name in ("layernorm", "softmax", "attention_core", "attention", "ffn"):
             cs.missing[name] = f"not wired: {e}"
@@ -307,14 +306,6 @@ def _numba_components(cfg, weights, dtype):
     o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
     act = ACTIVATION_CODES[cfg.activation]
     no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)
-
-    def parallel(fn, *args):
-        # dynamic scheduling one task at a time, as the backend runs its block
-        old = numba.set_parallel_chunksize(1)
-        try:
-            return fn(*args)
-        finally:
-            numba.set_parallel_chunksize(old)
 
     def layernorm(X):
         T = X.shape[0]
@@ -334,7 +325,7 @@ def _numba_components(cfg, weights, dtype):
         T = Q.shape[0]
         rows = np.empty((T, 3 * d), dtype=dtype)
         rows[:, :d], rows[:, d:2 * d], rows[:, 2 * d:] = Q, K, V
-        parallel(nb_attention_core, rows.reshape(-1), T, d, n_heads, cfg.causal)
+        parallel_call(nb_attention_core, rows.reshape(-1), T, d, n_heads, cfg.causal)
         return rows[:, :d]
 
     def attention(X):
@@ -342,16 +333,16 @@ def _numba_components(cfg, weights, dtype):
         qkv = np.empty(T * 3 * d, dtype=dtype)
         step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
-            parallel(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
-        parallel(nb_attention_core, qkv, T, d, n_heads, cfg.causal)
+            parallel_call(_nb_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
+        parallel_call(nb_attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
-        parallel(_nb_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
+        parallel_call(_nb_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
         return out
 
     def ffn(X):
         T = X.shape[0]
         out = np.empty((T, d), dtype=dtype)
-        parallel(_nb_ffn, X.reshape(-1), Wf, T, d, dff, act, out.reshape(-1), numba.get_num_threads())
+        parallel_call(_nb_ffn, X.reshape(-1), Wf, T, d, dff, act, out.reshape(-1), pass_threads=True)
         return out
 
     cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core,

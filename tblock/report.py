@@ -314,14 +314,11 @@ def pinned_threads(n: int, with_torch: bool):
     yields the counts actually in force, and restores the previous ones."""
     counts = {"requested": n}
     undo = []
-    try:
-        import numba
-        old = numba.get_num_threads()
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-        counts["numba"] = numba.get_num_threads()
-        undo.append(lambda: numba.set_num_threads(old))
-    except ImportError:
-        counts["numba"] = None
+    from . import _runtime      # the numba backend's count, applied to each of its calls
+    old = _runtime.get_num_threads()
+    _runtime.set_num_threads(min(n, _runtime.pool_size()))
+    counts["numba"] = _runtime.get_num_threads()
+    undo.append(lambda: _runtime.set_num_threads(old))
     if with_torch:
         import torch        # before threadpoolctl, so it also limits torch's OpenMP pool
         old_t = torch.get_num_threads()

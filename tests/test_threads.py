@@ -1,0 +1,138 @@
+"""tblock.set_num_threads / get_num_threads / threads(n) (issue #13): one count for the whole
+process, applied to calls from any Python thread; the environment's count at start."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+import tblock
+from tblock import _numba_backend as nb
+
+POOL = numba.config.NUMBA_NUM_THREADS
+
+
+@pytest.fixture(autouse=True)
+def restore_count():
+    before = tblock.get_num_threads()
+    yield
+    tblock.set_num_threads(before)
+
+
+@pytest.fixture
+def parallel_case():
+    cfg = tblock.BlockConfig(d_model=64, n_heads=4)
+    w = tblock.init_weights(cfg, seed=3)
+    H = np.random.default_rng(3).standard_normal((2, 300, 64)).astype(np.float32)
+    assert nb._block_flops(2, 300, 64, 256, True) >= nb.PARALLEL_MIN_FLOPS
+    return cfg, w, H
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """(nthr argument, Numba's count in the calling thread) of every parallel block call."""
+    calls = []
+    real = nb.block_parallel
+
+    def spy(*args):
+        calls.append((args[-1], numba.get_num_threads()))
+        return real(*args)
+    monkeypatch.setattr(nb, "block_parallel", spy)
+    return calls
+
+
+def _in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(300)
+    assert out, "the thread failed"
+    return out[0]
+
+
+def test_another_thread_sees_the_setting(parallel_case, seen):
+    cfg, w, H = parallel_case
+    for n in sorted({1, POOL}):
+        tblock.set_num_threads(n)
+        _in_thread(lambda: tblock.forward(H, w, cfg))
+        assert seen[-1] == (n, n)
+        assert _in_thread(tblock.get_num_threads) == n
+
+
+def test_the_context_applies_to_the_body_and_restores(parallel_case, seen):
+    cfg, w, H = parallel_case
+    tblock.set_num_threads(POOL)
+    with tblock.threads(1):
+        assert tblock.get_num_threads() == 1
+        _in_thread(lambda: tblock.forward(H, w, cfg))
+        assert seen[-1] == (1, 1)
+    assert tblock.get_num_threads() == POOL
+    with pytest.raises(RuntimeError):
+        with tblock.threads(1):
+            raise RuntimeError("the body fails")
+    assert tblock.get_num_threads() == POOL
+
+
+def test_numbas_own_count_in_the_caller_is_put_back(parallel_case):
+    cfg, w, H = parallel_case
+    mine = numba.get_num_threads()
+    tblock.set_num_threads(1)
+    tblock.forward(H, w, cfg)
+    assert numba.get_num_threads() == mine
+
+
+@pytest.mark.skipif(POOL < 2, reason="Numba's pool has one thread here (NUMBA_NUM_THREADS)")
+def test_one_and_two_threads_give_identical_results(parallel_case):
+    cfg, w, H = parallel_case
+    with tblock.threads(1):
+        one = tblock.forward(H, w, cfg)
+    with tblock.threads(2):
+        two = tblock.forward(H, w, cfg)
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("n,error,needle", [
+    (0, ValueError, f"n must be between 1 and {POOL}"), (POOL + 1, ValueError, f"got {POOL + 1}"),
+    (-2, ValueError, "got -2"), (2.0, TypeError, "n must be an int, got float"),
+    (True, TypeError, "got bool"), ("2", TypeError, "got str"), (None, TypeError, "got NoneType"),
+])
+def test_bad_counts_are_refused(n, error, needle):
+    before = tblock.get_num_threads()
+    with pytest.raises(error, match=needle):
+        tblock.set_num_threads(n)
+    with pytest.raises(error, match=needle):
+        with tblock.threads(n):
+            pass
+    assert tblock.get_num_threads() == before
+
+
+def test_numpy_integers_are_counts():
+    tblock.set_num_threads(np.int64(1))
+    assert tblock.get_num_threads() == 1 and type(tblock.get_num_threads()) is int
+
+
+def _count_in_child(**env):
+    """tblock's count at start in a fresh process with this environment, and whether
+    Numba's pool has started (it must not be: tblock.peers.import_early relies on it)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
+    code = ("import tblock, numba.np.ufunc.parallel as p\n"
+            "n = tblock.get_num_threads(); tblock.set_num_threads(1)\n"
+            "print(n, p._is_initialized)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**base, **env})
+    assert p.returncode == 0, p.stderr
+    return p.stdout.split(), p.stderr
+
+
+def test_the_environment_sets_the_starting_count():
+    assert _count_in_child()[0] == [str(POOL), "False"]           # and the pool is not started
+    assert _count_in_child(NUMBA_NUM_THREADS="1")[0] == ["1", "False"]
+    assert _count_in_child(OMP_NUM_THREADS="1")[0] == ["1", "False"]
+    assert _count_in_child(OMP_NUM_THREADS="1,1")[0] == ["1", "False"]
+    assert _count_in_child(OMP_NUM_THREADS=str(POOL + 5))[0] == [str(POOL), "False"]
+    out, err = _count_in_child(OMP_NUM_THREADS="lots")
+    assert out == [str(POOL), "False"] and "OMP_NUM_THREADS='lots' is not a positive integer" in err
