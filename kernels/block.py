@@ -16,7 +16,13 @@ tasks; each task calls the serial kernels of this package:
   5. FFN:   per row tile: [LN], then per chunk of FF_CHUNK hidden columns:
             up-projection, bias + activation, and the chunk's band of W_2 accumulated
             onto the residual already in ``out`` [LN]: the (rows, FF_CHUNK) hidden
-            chunk is the only place the hidden layer exists.
+            chunk is the only place the hidden layer exists.  When the rows are too few
+            to give every thread its own row tiles: LN, then the up- and the
+            down-projection as two stages split by column panels, through the whole
+            (rows, d_ff) hidden layer, with the same sums in the same order.
+
+With few rows for the threads, the GEMM stages give every task all the rows and one
+column panel (``stage_grid``), and the Pre-LN's LN1 becomes a stage of its own.
 
 ``block_parallel`` runs every stage's tasks with ``prange``; ``block_serial`` is the
 same code compiled without it, for sizes where launching a parallel region costs more
@@ -118,6 +124,25 @@ def rows_per_task(rows, cap, nthr):
 
 
 @njit(**JIT)
+def stage_grid(rows, npanels, cap, nthr):
+    """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
+    splits into tasks: (rows per task, panel groups); task_tile numbers them.
+
+    With threads to spare (rows <= cap * nthr: at most one row block a thread), every
+    task takes all the rows and one panel: each weight is then streamed by one thread
+    only, and the many equal tasks balance the cores, where row blocks rounded to the
+    micro-tile left one thread up to a tile-row behind (d_model=384, T=64: 64 rows in
+    tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
+    nthr of them, each split into column groups when there are few (a serial call gains
+    nothing from the split)."""
+    if nthr > 1 and rows <= cap * nthr:
+        return rows, npanels
+    mc = rows_per_task(rows, cap, nthr)
+    nrb = (rows + mc - 1) // mc
+    return mc, 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
+
+
+@njit(**JIT)
 def task_tile(t, groups, mc, rows, npanels):
     """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
     of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
@@ -160,6 +185,42 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
         gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, (d + NR - 1) // NR,
                     out, out_off, d, True, KC)
+
+
+@njit(**JIT)
+def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
+    """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
+    r0 = t * rows // pieces
+    r1 = (t + 1) * rows // pieces
+    layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
+
+
+@njit(**JIT)
+def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
+    """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
+    act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
+    NR = panel_lanes(Wf)
+    layout = weight_layout(d, dff, NR)
+    o_1, o_b1 = layout[2], layout[4]
+    gemm_block(X, 0, d, 0, rows, Wf, o_1, d, dff, p, p + 1, hid, 0, ldh, False, KC)
+    c0 = p * NR
+    bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
+
+
+@njit(**JIT)
+def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
+    """Column panel p of the FFN's output added onto the residual in out, for all rows:
+    out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
+    (b2 first, then k blocks of KC), as ffn_tile's chunks, so the two FFN paths agree
+    to the bit."""
+    NR = panel_lanes(Wf)
+    layout = weight_layout(d, dff, NR)
+    o_2, o_b2 = layout[3], layout[5]
+    c0 = p * NR
+    n = min(d, c0 + NR) - c0
+    for r in range(rows):
+        copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
+    gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC)
 
 
 @njit(**JIT)
@@ -384,15 +445,22 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         ldq = d
         q = np.empty(rows * ldq, dtype=dt)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
-    # 1. [LN1 +] QKV projection; split by columns too when there are few row blocks for
-    # the threads (a serial call gains nothing from it, and each piece redoes the LN1)
-    mc = rows_per_task(rows, MC, nthr)
-    nrb = (rows + mc - 1) // mc
+    # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
+    # rows for the threads)
     npq = 3 * ((d + NR - 1) // NR)
-    groups = 1 if nthr == 1 else min(npq, max(1, 8 // nrb))
+    mc, groups = stage_grid(rows, npq, MC, nthr)
+    nrb = (rows + mc - 1) // mc
+    X, ln_in_task = H, pre_ln
+    if pre_ln and groups > 4:
+        # many column tasks per row block: LN1 once, in a stage of its own, rather than
+        # in every task (each task of a group of four redoes its rows' LN1)
+        X = np.empty(rows * d, dtype=dt)
+        for t in prange(nthr):
+            layernorm_piece(H, X, t, nthr, rows, d, Wf, o_g1, o_be1, eps)
+        ln_in_task = False
     for t in prange(nrb * groups):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
-        qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
+        qkv_task(X, Wf, o_qkv, o_g1, o_be1, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
                  q, ldq, kt, vp, not direct)
 
     if direct:
@@ -412,7 +480,8 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     out3 = np.empty(H3.shape, dtype=H3.dtype)
     out = out3.reshape(out3.size)
     npo = (d + NR - 1) // NR
-    groups = 1 if nthr == 1 else min(npo, max(1, 8 // nrb))
+    mc, groups = stage_grid(rows, npo, MC, nthr)
+    nrb = (rows + mc - 1) // mc
     for t in prange(nrb * groups):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
         c0 = p0 * NR
@@ -421,7 +490,30 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
         gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
 
-    # 5. FFN per row tile, residual and LayerNorms fused
+    # 5. FFN
+    if nthr > 1 and rows <= MF * nthr:
+        # few rows for the threads: the hidden layer whole, in two GEMM stages split by
+        # columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
+        o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
+        xn = np.empty(rows * d, dtype=dt)
+        for t in prange(nthr):
+            layernorm_piece(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps)
+            if not pre_ln:
+                # Post-LN: H_mid = LN1(H + A_out) is the FFN's input and its residual
+                r0, r1 = t * rows // nthr, (t + 1) * rows // nthr
+                copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
+        ldh = dff + 64 // Wf.itemsize      # a cache line past 4 KiB multiples (ffn_tile)
+        hid = np.empty(rows * ldh, dtype=dt)
+        np1 = (dff + NR - 1) // NR
+        for t in prange(np1):
+            ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
+        for t in prange(npo):
+            ffn_down_task(hid, ldh, rows, d, dff, Wf, out, t)
+        if not pre_ln:
+            for t in prange(nthr):
+                layernorm_piece(out, out, t, nthr, rows, d, Wf, o_g2, o_be2, eps)
+        return out3
+    # per row tile, residual and LayerNorms fused (ffn_tile)
     mf = rows_per_task(rows, MF, nthr)
     for t in prange((rows + mf - 1) // mf):
         r0 = t * mf

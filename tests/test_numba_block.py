@@ -240,3 +240,21 @@ def test_repeated_calls_are_deterministic():
     first = tblock.forward(H, w, cfg, backend="numba")
     for _ in range(3):
         np.testing.assert_array_equal(tblock.forward(H, w, cfg, backend="numba"), first)
+
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=block_cases(max_T=64, max_d=96), T=st.sampled_from([1, 7, 64, 200, 450]),
+       nthr=st.integers(2, 5), dtype=st.sampled_from([np.float32, np.float64]))
+def test_block_bitwise_the_same_for_any_thread_count(case, T, nthr, dtype):
+    """The task grid depends on the thread count (stage_grid; the FFN's hidden layer whole
+    or in row tiles), but the order of no sum does: the parallel block sized for nthr
+    threads gives the serial block's bits, short sequences and long (rows > MF * nthr)."""
+    from tblock import _numba_backend as nb
+    from tblock.kernels.block import block_parallel, block_serial
+    cfg, _, B, _, seed = case
+    H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
+    _, flat, scalars, *_ = nb._plan(random_weights(cfg, seed), cfg, H.dtype)
+    want = block_serial(H, flat, T, cfg.d_model, *scalars, 1)
+    got = block_parallel(H, flat, T, cfg.d_model, *scalars, nthr)
+    assert got.shape == H.shape and np.array_equal(got, want)
