@@ -55,11 +55,11 @@ def check_finite(name: str, a: np.ndarray) -> None:
 def _all_finite(a: np.ndarray) -> bool:
     # the compiled check (tblock.kernels.validate) is imported on first use: importing
     # it at the top would make tblock.weights fail to import where Numba is missing; where
-    # the kernels cannot load (no Numba, a bad TBLOCK_ISA) numpy does the check
+    # the kernels cannot load (no Numba, a bad TBLOCK_ISA, a broken install) numpy does the check
     global _all_finite
     try:
         from .kernels.validate import all_finite
-    except (ImportError, ValueError):
+    except Exception:
         all_finite = lambda x: bool(np.isfinite(x).all())   # noqa: E731
     _all_finite = all_finite
     return all_finite(a)
@@ -80,8 +80,9 @@ class BlockWeights:
     ln2_gamma: np.ndarray | None = None  # (d_model,) LN2 gain
     ln2_beta: np.ndarray | None = None   # (d_model,) LN2 shift
     # per-config validation results and backend-prepared arrays (fused QKV, casts):
-    # safe to cache because every array above is a private read-only copy
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # safe to cache because every array above is a private read-only copy; init=False, so
+    # dataclasses.replace builds a fresh one instead of inheriting the old weights' packing
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         arrays = {}
@@ -107,6 +108,11 @@ class BlockWeights:
             own = np.array(a, dtype=dtype, order="C", copy=True)
             own.flags.writeable = False
             object.__setattr__(self, name, own)
+
+    def __reduce__(self):
+        # copy, deepcopy and pickle rebuild through __init__: private read-only arrays again
+        # (pickle and deepcopy would hand back writeable ones) and an empty cache of their own
+        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
 
     @property
     def dtype(self) -> np.dtype:
