@@ -45,7 +45,8 @@ LABELS = {"layernorm": "layernorm", "softmax": "softmax", "attention_core": "att
 
 
 class ReportError(ValueError):
-    """A bad option: the CLI prints it and exits with status 2, having written nothing."""
+    """A bad option, or an --out folder that gained foreign files during the run: the CLI
+    prints it and exits with status 2, having written nothing."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,8 +254,8 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
     _positive("--repeats", args.repeats)
     if args.point_budget is not None and not args.point_budget > 0:
         raise ReportError(f"--point-budget must be > 0 seconds, got {args.point_budget}")
-    if args.target_time is not None and not args.target_time >= 0:
-        raise ReportError(f"--target-time must be >= 0 seconds, got {args.target_time}")
+    if args.target_time is not None and not (math.isfinite(args.target_time) and args.target_time >= 0):
+        raise ReportError(f"--target-time must be a finite number of seconds >= 0, got {args.target_time}")
     ceiling_sizes = (1024, 2048) if args.mode == "quick" else (512, 1024, 2048, 3072)
     if args.ceiling_sizes is not None:
         try:
@@ -282,16 +283,37 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         plots=args.plots, peers=peer_names)
 
 
+def not_written_by_tblock(folder: Path) -> list[str]:
+    """The entries of ``folder`` that a tblock report did not write: all of them unless its
+    report.json carries a tblock report schema, else all but report.json, report.md, the plots."""
+    names = sorted(p.name for p in folder.iterdir())
+    try:
+        schema = json.loads((folder / "report.json").read_text()).get("schema")
+    except (OSError, ValueError, AttributeError):      # missing, not JSON, not an object
+        schema = None
+    if not (isinstance(schema, str) and schema.startswith("tblock-report/")):
+        return names
+    ours = {"report.json", "report.md", *PLOTS}
+    return [n for n in names if n not in ours or (folder / n).is_symlink() or not (folder / n).is_file()]
+
+
+def _refuse_foreign(out: str, folder: Path) -> None:
+    foreign = not_written_by_tblock(folder)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ReportError(f"--out {out!r} holds files a tblock report did not write ({shown}); refusing "
+                          "to replace it: choose a new or empty folder, or one that holds only a tblock report")
+
+
 def check_out_folder(out: str) -> Path:
-    """The report folder must be creatable (or an old report, which is replaced whole);
-    checked by really creating and removing a probe folder, since os.access lies to root."""
+    """The report folder must be creatable, or empty, or hold nothing but a previous tblock
+    report (which is replaced whole); checked by really creating and removing a probe
+    folder, since os.access lies to root."""
     path = Path(out).expanduser().absolute()
     if path.exists():
         if not path.is_dir():
             raise ReportError(f"--out {out!r} exists and is not a folder")
-        if any(path.iterdir()) and not (path / "report.json").is_file():
-            raise ReportError(f"--out {out!r} is a non-empty folder without a report.json; "
-                              "refusing to replace it (choose another --out)")
+        _refuse_foreign(out, path)
     ancestor = path.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -380,10 +402,16 @@ def blas_info() -> list:
 
 
 def git_commit() -> str | None:
-    here = Path(__file__).resolve().parent.parent
+    """The commit of the checkout this package runs from, or None: an installed copy that
+    merely sits inside some repository (a venv in a project) is not that repository's code."""
+    here = Path(__file__).resolve().parent
+    git = ["git", "-C", str(here)]
     try:
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=5)
+        tracked = subprocess.run(git + ["ls-files", "--error-unmatch", "--", "__init__.py"],
+                                 capture_output=True, text=True, timeout=5)
+        if tracked.returncode != 0:
+            return None
+        r = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
         return r.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -485,15 +513,18 @@ class Progress:
 # the sweep
 
 def _point_memory(cfg, T, component, backend, dtype) -> int:
-    """Rough peak bytes of one component call: its (n_heads, T, T) arrays dominate."""
+    """Rough peak bytes of one component call, its inputs included: the (n_heads, T, T)
+    arrays dominate."""
     if component not in ("softmax", "attention_core", "attention", "block"):
         return 0
     # the numpy oracle keeps every head's float64 A plus masks and temporaries
     item = 8 if backend in ("numpy", "c") else np.dtype(dtype).itemsize
     square = cfg.n_heads * T * T * item
     if component == "softmax":
-        return 3 * square                     # input, output (and its mask)
-    return 3 * square if backend == "numpy" else 0    # the others tile or go head by head
+        return 3 * square                     # input (drawn in float64 first), output
+    if backend == "numpy":
+        return 3 * square
+    return 2 * T * T * 8 if backend == "c" else 0     # C: one head's scores and A; numba tiles
 
 
 def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int, square: str = "full") -> float:
@@ -535,17 +566,18 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
                     progress.step(f"{b} T={T} skipped", len(COMPONENTS))
                 continue
             fl = component_flops(cfg, T)
-            inputs = components.make_inputs(cfg, T, dtype, seed=opts.seed + T,
-                                            components=[c for c in COMPONENTS if cs.available(c)])
+            mem = {c: _point_memory(cfg, T, c, b, dtype) for c in COMPONENTS}
+            # only what fits is drawn: the (n_heads, T, T) scores alone reach tens of GiB
+            inputs = components.make_inputs(cfg, T, dtype, seed=opts.seed + T, components=[
+                c for c in COMPONENTS if cs.available(c) and mem[c] <= opts.mem_limit_bytes])
             last = []
             for c in COMPONENTS:
                 row = {"T": T, "component": c, "flops_full": fl["full"][c], "flops_causal": fl["causal"][c],
                        "flops": fl[kind][c]}
-                mem = _point_memory(cfg, T, c, b, dtype)
                 if c in cs.missing:
                     row.update(status="n/a", reason=cs.missing[c])
-                elif mem > opts.mem_limit_bytes:
-                    row.update(status="skipped", reason=f"needs about {mem / 2**30:.1f} GiB "
+                elif mem[c] > opts.mem_limit_bytes:
+                    row.update(status="skipped", reason=f"needs about {mem[c] / 2**30:.1f} GiB "
                                                          f"(> {opts.mem_limit_bytes / 2**30:.1f} GiB limit)")
                 else:
                     try:
@@ -607,6 +639,11 @@ def run_peers(opts: ReportOptions, progress: Progress | None = None) -> dict:
                 progress.step(f"{name} T={T}")
             if last and last["min_s"] * fl / last["flops"] * (opts.repeats + 2) > opts.point_budget_s:
                 row.update(status="skipped", reason=f"over the {opts.point_budget_s:g} s point budget")
+                continue
+            mem = _point_memory(cfg, T, "block", "numpy", np.float32)   # the oracle that checks it
+            if mem > opts.mem_limit_bytes:
+                row.update(status="skipped", reason=f"the numpy oracle's check needs about {mem / 2**30:.1f} GiB "
+                                                    f"(> {opts.mem_limit_bytes / 2**30:.1f} GiB limit)")
                 continue
             X = components.make_inputs(cfg, T, np.float32, seed=opts.seed + T, components=["block"])["block"][0]
             try:
@@ -1125,16 +1162,24 @@ def write_plots(data: dict, folder: Path) -> dict:
 # ---------------------------------------------------------------------------------------
 # writing: everything into a fresh temporary folder beside --out, then one rename
 
+def _umask() -> int:
+    mask = os.umask(0o022)      # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def write_report_folder(data: dict, out: Path) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())        # mkdtemp's 0700 would become the report's mode
         data["plots"] = write_plots(data, tmp) if data["options"]["plots"] else {
             "files": [], "reason": "--no-plots was given"}
         (tmp / "report.json").write_text(json.dumps(data, indent=1) + "\n")
         (tmp / "report.md").write_text(render_markdown(data))
         if out.exists():
+            _refuse_foreign(str(out), out)      # again: files may have come in during the run
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
             os.rename(out, old / out.name)
             os.rename(tmp, out)
@@ -1363,7 +1408,7 @@ def main(args: argparse.Namespace, argv_text: str = "tblock report") -> int:
             print(compare_text(a, b, *args.compare))
             return 0
         opts = resolve_options(args)
+        return run_report(opts, command=argv_text)
     except ReportError as e:
         print(f"tblock report: error: {e}", file=sys.stderr)
         return 2
-    return run_report(opts, command=argv_text)

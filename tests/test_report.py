@@ -1,6 +1,7 @@
 """``tblock report``: FLOPs equal tblock.flops, the folder and its JSON round-trip, the
 plots are real PNGs, --compare reads two reports, and bad options write nothing."""
 
+import dataclasses
 import json
 import math
 import os
@@ -237,6 +238,9 @@ BAD = [
     (["--dtype", "float16"], "--dtype"),
     (["--threads", "0"], "--threads"),
     (["--point-budget", "0"], "--point-budget"),
+    (["--target-time", "inf"], "--target-time"),
+    (["--target-time", "nan"], "--target-time"),
+    (["--target-time", "-1"], "--target-time"),
     (["--ceiling-sizes", "a,b"], "--ceiling-sizes"),
 ]
 
@@ -300,15 +304,94 @@ def test_a_failed_write_leaves_the_old_report_and_no_temporary_folder(tiny_repor
 
 def test_an_old_report_is_replaced_whole(tiny_report, tmp_path):
     data = json.loads((tiny_report / "report.json").read_text())
-    data["options"]["plots"] = False
     out = tmp_path / "rep"
-    out.mkdir()
-    (out / "report.json").write_text("{}")
-    (out / "stale.png").write_bytes(b"old")
+    report.write_report_folder(json.loads(json.dumps(data)), out)     # with its plots
+    data["options"]["plots"] = False
     report.check_out_folder(str(out))       # an old report may be replaced
     report.write_report_folder(data, out)
-    assert "stale.png" not in {p.name for p in out.iterdir()}
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]
+
+
+def _user_folder(tmp_path, tiny_report):
+    """A folder of the user's that also holds a tblock report.json (issue #13's reproduction)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.json").write_bytes((tiny_report / "report.json").read_bytes())
+    (mine / "notes.txt").write_text("precious")
+    (mine / "src").mkdir()
+    (mine / "src" / "main.py").write_text("print(1)")
+    return mine
+
+
+def _tree(folder):
+    return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else None) for p in folder.rglob("*"))
+
+
+def test_a_report_json_among_the_users_files_is_not_a_licence_to_delete(tiny_report, tmp_path, capsys):
+    mine = _user_folder(tmp_path, tiny_report)
+    before = _tree(mine)
+    rc, out, err = run_cli(["report", "--out", str(mine)] + TINY[1:], capsys)
+    assert rc == 2 and "--out" in err and "refusing" in err and "notes.txt, src" in err
+    assert _tree(mine) == before
+
+
+@pytest.mark.parametrize("content", ["{}", "[1, 2]", "not json", '{"schema": "someone-else/1"}'])
+def test_a_report_json_without_tblocks_schema_is_not_a_report(tmp_path, content):
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.json").write_text(content)
+    with pytest.raises(report.ReportError, match="refusing"):
+        report.check_out_folder(str(out))
+
+
+def test_files_that_come_in_during_the_run_are_kept(tiny_report, tmp_path):
+    data = json.loads((tiny_report / "report.json").read_text())
+    data["options"]["plots"] = False
+    out = tmp_path / "rep"
+    report.write_report_folder(json.loads(json.dumps(data)), out)
+    report.check_out_folder(str(out))
+    (out / "notes.txt").write_text("written while the report ran")
+    with pytest.raises(report.ReportError, match="notes.txt"):
+        report.write_report_folder(data, out)
+    assert (out / "notes.txt").read_text() == "written while the report ran"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_the_folder_mode_follows_the_umask(tiny_report, tmp_path, mask):
+    data = json.loads((tiny_report / "report.json").read_text())
+    data["options"]["plots"] = False
+    old = os.umask(mask)
+    try:
+        report.write_report_folder(data, tmp_path / "rep")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "rep").stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (tmp_path / "rep" / "report.md").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_nothing_too_big_for_memory_is_allocated_or_run(tmp_path, monkeypatch):
+    """report -T 30000 drew the (n_heads, T, T) softmax input before its memory check, and
+    checked the peers with the float64 oracle at any T: both now wait for the check (here
+    with a 1 MiB limit at T=256, where the scores are 1 MiB in float64)."""
+    args = cli.build_parser().parse_args(["report", "--d-model", "16", "--n-heads", "2", "-T", "256",
+                                          "--backends", "numba,numpy", "--repeats", "1", "--target-time", "0",
+                                          "--out", str(tmp_path / "r")])
+    opts = dataclasses.replace(report.resolve_options(args), mem_limit_bytes=1 << 20, peers=["torch"])
+    drawn, real_inputs = [], components.make_inputs
+    monkeypatch.setattr(components, "make_inputs", lambda *a, **k: drawn.append(k["components"]) or real_inputs(*a, **k))
+    data = report.run_sweep(opts, report.prepare_all(opts))
+    assert drawn and all("softmax" not in names for names in drawn)
+    rows = {(b, r["component"]): r for b, rec in data["backends"].items() for r in rec["results"]}
+    assert rows["numba", "softmax"]["status"] == "skipped" and "GiB" in rows["numba", "softmax"]["reason"]
+    assert rows["numpy", "block"]["status"] == "skipped" and rows["numba", "block"]["status"] == "ok"
+
+    monkeypatch.setattr(report.peers, "peer_status", lambda name: (True, ""))
+    monkeypatch.setattr(report.peers, "build", lambda *a, **k: lambda X: X)
+    monkeypatch.setattr(report.api, "forward", lambda *a, **k: pytest.fail("the oracle ran at T=256"))
+    [row] = report.run_peers(opts)["torch"]["results"]
+    assert row["status"] == "skipped" and "oracle" in row["reason"]
 
 
 def test_without_matplotlib_the_report_says_so_and_skips_the_plots(tiny_report, tmp_path, monkeypatch):
