@@ -1,4 +1,4 @@
-"""Command line: ``tblock report`` and ``tblock lesson`` (also ``python -m tblock ...``)."""
+"""Command line: ``tblock report``, ``tblock lesson`` and ``tblock --version`` (also ``python -m tblock ...``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     parser = argparse.ArgumentParser(prog="tblock", description="A fast, verified transformer block for the CPU.")
+    parser.add_argument("--version", action="version", version=f"tblock {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="time every component of every backend over a T sweep; "
                                         "write report.md, report.json and plots",

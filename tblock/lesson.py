@@ -253,13 +253,28 @@ def write_figures(data, out_dir) -> list[str]:
 
 
 def run_lesson(out_dir="lesson13-figures", backend=None, out=print) -> int:
-    data = walkthrough(backend=backend, out=out)
-    out("")
+    """The walk-through, then the figures into ``out_dir``; a folder that cannot be made or
+    written raises ValueError naming it (the CLI: exit 2, no traceback)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
+        matplotlib = None
+    if matplotlib is not None:
+        _figures_folder(out_dir, lambda: os.makedirs(out_dir, exist_ok=True))   # fail before the walk-through
+    data = walkthrough(backend=backend, out=out)
+    out("")
+    if matplotlib is None:
         out("Figures skipped: matplotlib is not installed (pip install 'tblock-cpu[plot]').")
         return 0
-    for path in write_figures(data, out_dir):
+    for path in _figures_folder(out_dir, lambda: write_figures(data, out_dir)):
         out(f"wrote {path}")
     return 0
+
+
+def _figures_folder(out_dir, action):
+    # action(), with an OSError about the folder turned into the ValueError the CLI reports
+    try:
+        return action()
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise ValueError(f"--out {out_dir!r} cannot hold the figures: {e.strerror or e}{where}") from None

@@ -50,3 +50,15 @@ def test_bad_backend_is_a_clear_error(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "tblock lesson: error: backend must be one of" in run.stderr
+
+
+@pytest.mark.parametrize("bad", ["a_file", "a_file/sub"])
+def test_an_unusable_out_folder_is_a_clear_error(tmp_path, bad):
+    pytest.importorskip("matplotlib", reason="without matplotlib no figure folder is made")
+    (tmp_path / "a_file").write_text("not a folder")
+    run = subprocess.run([sys.executable, "-m", "tblock", "lesson", "--out", str(tmp_path / bad)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert f"tblock lesson: error: --out '{tmp_path / bad}' cannot hold the figures" in run.stderr
+    assert "Traceback" not in run.stderr and run.stdout == ""     # refused before the walk-through
+    assert (tmp_path / "a_file").read_text() == "not a folder"

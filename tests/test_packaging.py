@@ -1,7 +1,10 @@
 """The install layout: kernels/ exists only as tblock.kernels, the data ships with the package."""
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def _run(code, cwd):
@@ -26,3 +29,68 @@ def test_worked_example_is_package_data(tmp_path):
 def test_console_script_module_form(tmp_path):
     out = _run("import sys; sys.argv = ['tblock', '--help']; import runpy; runpy.run_module('tblock', run_name='__main__')", tmp_path)
     assert "report" in out.stdout and "lesson" in out.stdout
+
+
+def test_version_option(tmp_path):
+    import importlib.metadata
+
+    import tblock
+    out = subprocess.run([sys.executable, "-m", "tblock", "--version"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"tblock {tblock.__version__}"
+    assert importlib.metadata.version("tblock-cpu") == tblock.__version__
+
+
+def test_report_records_a_commit_only_for_its_own_checkout(tmp_path):
+    """A copy of the package inside someone else's repository (a venv in a project) records
+    no commit; once the repository tracks the package, it records that repository's HEAD."""
+    import shutil
+    from conftest import copy_package
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "project"
+    site = copy_package(repo / "venv" / "site-packages")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+    git("init", "-q")
+    (repo / "README").write_text("someone else's project")
+    git("add", "README")
+    git("commit", "-q", "-m", "theirs")
+    code = "from tblock.report import git_commit; print(git_commit())"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run = lambda: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=120)
+    assert run().stdout.strip() == "None"
+    git("add", "venv")
+    git("commit", "-q", "-m", "vendored tblock")
+    assert run().stdout.strip() == git("rev-parse", "--short", "HEAD")
+
+
+def test_the_sdist_holds_the_tests_their_data_and_the_licence(tmp_path):
+    """Built from a copy of the source tree (an sdist run in the checkout would rewrite its egg-info)."""
+    import shutil
+    import tarfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".benchmarks", ".hypothesis",
+        "tblock-report", "lesson13-figures", "*.so", "_build"))
+    try:
+        import build  # noqa: F401
+        cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist")]
+    except ImportError:         # the `build` frontend is optional; setuptools makes the same sdist
+        cmd = [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path / "dist")]
+    made = subprocess.run(cmd, cwd=src, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    [sdist] = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        pkg_info = tar.extractfile(next(n for n in tar.getnames() if n.count("/") == 1 and n.endswith("/PKG-INFO")))
+        meta = pkg_info.read().decode()
+    tests = {str(p.relative_to(root)) for p in (root / "tests").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert {"tests/conftest.py", "tests/data/demo_reference.json", "LICENSE"} <= names
+    assert tests <= names, sorted(tests - names)
+    assert "License-Expression: MIT" in meta and "License-File: LICENSE" in meta
+    assert "Copyright (c) 2026 the tblock authors" in (root / "LICENSE").read_text()
