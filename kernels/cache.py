@@ -11,8 +11,10 @@ that defines the function: the block inlines GEMM, attention and SIMD code from 
 siblings, so editing any of them must invalidate all of it.
 
 Where the cache goes, first that is writable: NUMBA_CACHE_DIR; ``__pycache__`` beside
-the sources; the user's cache directory; the system's temporary directory.  A read-only
-installation with no writable home still imports and caches.
+the sources; the user's cache directory; then, with a warning, the system's temporary
+directory; where none is writable, nowhere (the kernels compile in every process), with a
+warning.  A read-only installation with no writable home or temporary directory still
+imports and runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 from numba.core import caching, config
@@ -42,14 +45,45 @@ def _package_stamp() -> str:
     return _stamp
 
 
-def _candidates(py_file: str) -> list[str]:
-    sub = caching._CacheLocator.get_suitable_cache_subpath(py_file)
-    base = [os.path.join(os.path.dirname(py_file), "__pycache__")]
-    if config.CACHE_DIR:
-        base.insert(0, os.path.join(config.CACHE_DIR, sub))
-    base.append(os.path.join(caching.AppDirs(appname="numba", appauthor=False).user_cache_dir, sub))
-    base.append(os.path.join(tempfile.gettempdir(), f"numba-cache-{os.getuid() if hasattr(os, 'getuid') else 0}", sub))
-    return [os.path.join(b, f"tblock-{PATH.key}") for b in base]
+def _writable(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()    # makedirs passes on a read-only folder that exists
+        return True
+    except OSError:
+        return False
+
+
+def _cache_path() -> str | None:
+    """The folder every kernel of this package caches into (they share one source folder,
+    so one answer serves them all), or None for no caching; warns once on a fallback."""
+    sub = caching._CacheLocator.get_suitable_cache_subpath(str(_HERE / "block.py"))
+    usual = [os.path.join(config.CACHE_DIR, sub)] if config.CACHE_DIR else []
+    usual += [str(_HERE / "__pycache__"),
+              os.path.join(caching.AppDirs(appname="numba", appauthor=False).user_cache_dir, sub)]
+    for base in usual:
+        if _writable(os.path.join(base, f"tblock-{PATH.key}")):
+            return os.path.join(base, f"tblock-{PATH.key}")
+    tried = ", ".join(os.path.dirname(b) if b.endswith(sub) else b for b in usual)     # without the hash
+    try:
+        tmp = tempfile.gettempdir()
+    except OSError:                     # no usable temporary directory at all
+        tmp = None
+    if tmp is not None:
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        path = os.path.join(tmp, f"numba-cache-{uid}", sub, f"tblock-{PATH.key}")
+        if _writable(path):
+            warnings.warn(f"tblock: cannot write Numba's cache in {tried}; the compiled kernels are cached "
+                          f"in {path}, which the system may clear: set NUMBA_CACHE_DIR to a writable folder "
+                          "to keep them", RuntimeWarning, stacklevel=2)
+            return path
+    warnings.warn(f"tblock: cannot write Numba's cache in {tried} or a temporary directory; the kernels are "
+                  "compiled again in every process: set NUMBA_CACHE_DIR to a writable folder to cache them",
+                  RuntimeWarning, stacklevel=2)
+    return None
+
+
+CACHE_PATH = _cache_path()
 
 
 class PathCacheLocator(caching._CacheLocator):
@@ -71,16 +105,9 @@ class PathCacheLocator(caching._CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if not py_file or Path(py_file).resolve().parent != _HERE:
+        if CACHE_PATH is None or not py_file or Path(py_file).resolve().parent != _HERE:
             return None
-        for path in _candidates(py_file):
-            self = cls(py_func, py_file, path)
-            try:
-                self.ensure_cache_path()
-            except OSError:
-                continue
-            return self
-        return None
+        return cls(py_func, py_file, CACHE_PATH)
 
 
 def install() -> None:

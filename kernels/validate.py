@@ -4,8 +4,10 @@ import math
 
 from numba import njit
 
+from .options import JIT
 
-@njit(cache=True, nogil=True)
+
+@njit(cache=JIT["cache"], nogil=True)     # no fast-math: the check is about NaN and Inf
 def all_finite(a):
     """True when no entry of ``a`` (any shape, any strides) is NaN or +-Inf.
 
