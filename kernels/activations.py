@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
 
-from .options import JIT
+from .options import kernel
 from .simd import lanes, vadd, vdiv, vexp, vload, vload_n, vmax, vmul, vsplat, vstore, vstore_n
 
 GELU_TANH, GELU_ERF, RELU = 0, 1, 2
@@ -16,7 +15,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-@njit(**JIT)
+@kernel
 def _gelu_tanh_vec(x, c1, c2, one, neg_two):
     # 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3):
     # one exp instead of a tanh, and the limits come out exactly (x for u -> +inf,
@@ -25,7 +24,7 @@ def _gelu_tanh_vec(x, c1, c2, one, neg_two):
     return vdiv(x, vadd(one, vexp(vmul(neg_two, u))))
 
 
-@njit(**JIT)
+@kernel
 def bias_act_rows(X, x_off, ldx, rows, n, P, bias_off, act):
     """X[r, j] = act(X[r, j] + bias[j]) in place for r < rows, j < n; bias = P[bias_off:],
     zeros when the block has no FFN bias (x + 0 is exact).  act: GELU_TANH, GELU_ERF, RELU."""

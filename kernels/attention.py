@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
 
 from .gemm import MR, micro_kernel
-from .options import JIT
+from .options import kernel
 from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul, vsub,
                    vsplat, vstore, vstore_n)
 
@@ -25,7 +24,7 @@ KV_CHUNK = 128   # keys per P V pass (see _sub_tile)
 QSUB = 96        # queries per sub-tile: the S tile is QSUB x BK (96 KiB at BK=256)
 
 
-@njit(**JIT)
+@kernel
 def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
     """K^T panels of one head: for panel p (keys p*NR .. p*NR+NR-1),
     Kt[kt_off + p*dk*NR + c*NR + j] = K[p*NR + j, c], zero for keys >= T.
@@ -44,7 +43,7 @@ def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
                     Kt[base + c * NR + j] = 0.0
 
 
-@njit(**JIT)
+@kernel
 def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
     """Y[r, 0:n] = X[r, 0:n] and Y[r, n:ldy] = 0 for r < rows (a contiguous copy of a
     strided block, zero-padded to the row length ldy)."""
@@ -59,7 +58,7 @@ def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
             vstore_n(Y, dst + c, zero, ldy - c)
 
 
-@njit(**JIT)
+@kernel
 def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, scale,
                BK, Qt, S, O, mrow, lrow, out, out_off, ldout):
     """Attention output of queries q0..q1-1 of one head of one sequence.
@@ -102,7 +101,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             vstore_n(out, out_off + i * ldout + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
 
 
-@njit(**JIT)
+@kernel
 def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, vc2,
               BK, S, O, mrow, lrow, NR, W, zero):
     """One key tile (keys k0..k0+kn-1) against the task's queries s0..s1-1 (relative to
@@ -192,7 +191,7 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                              O, (s0 + i) * ldv + vp * NR, ldv, NR, True)
 
 
-@njit(**JIT)
+@kernel
 def attention_rows_direct(X, ldx, q_off, k_off, v_off, T, dk, causal, scale, srow, out,
                           out_off, ldout):
     """Attention of one head for short sequences, one query at a time: scores over the

@@ -42,13 +42,13 @@ from __future__ import annotations
 import types
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import KC, MR, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
-from .options import JIT
+from .options import kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .validate import all_finite
 
@@ -70,7 +70,7 @@ FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every 
 DIRECT_MAX = 8192
 
 
-@njit(**JIT)
+@kernel
 def packed_len(K, N, NR):
     """Elements a packed (K, N) matrix takes in the flat weight buffer: its panels,
     rounded up to a whole number of 64-byte lines (16 float32 / 8 float64 elements, so
@@ -78,7 +78,7 @@ def packed_len(K, N, NR):
     return (((N + NR - 1) // NR) * K * NR + 15) // 16 * 16
 
 
-@njit(**JIT)
+@kernel
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
     o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
@@ -99,7 +99,7 @@ def weight_layout(d, dff, NR):
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
 
 
-@njit(**JIT)
+@kernel
 def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
     """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
     Y may be X."""
@@ -111,7 +111,7 @@ def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
         vstore_n(Y, y_off + j, v, n - j)
 
 
-@njit(**JIT)
+@kernel
 def rows_per_task(rows, cap, nthr):
     """Rows per task for a stage over ``rows`` rows: at most ``cap``, a multiple of the
     micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
@@ -123,7 +123,7 @@ def rows_per_task(rows, cap, nthr):
     return max(MR, (per + MR - 1) // MR * MR)
 
 
-@njit(**JIT)
+@kernel
 def stage_grid(rows, npanels, cap, nthr):
     """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
     splits into tasks: (rows per task, panel groups); task_tile numbers them.
@@ -142,7 +142,7 @@ def stage_grid(rows, npanels, cap, nthr):
     return mc, 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
 
 
-@njit(**JIT)
+@kernel
 def task_tile(t, groups, mc, rows, npanels):
     """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
     of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
@@ -152,7 +152,7 @@ def task_tile(t, groups, mc, rows, npanels):
     return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
 
 
-@njit(**JIT)
+@kernel
 def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     """The feed-forward of m rows: out[r] = [out[r] +] b2 + act(X[r] W_1 + b1) W_2, with
     X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X must not overlap out
@@ -187,7 +187,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
                     out, out_off, d, True, KC)
 
 
-@njit(**JIT)
+@kernel
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
     r0 = t * rows // pieces
@@ -195,7 +195,7 @@ def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
 
 
-@njit(**JIT)
+@kernel
 def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
     act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
@@ -207,7 +207,7 @@ def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
 
 
-@njit(**JIT)
+@kernel
 def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
     out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
@@ -223,7 +223,7 @@ def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC)
 
 
-@njit(**JIT)
+@kernel
 def attention_buffers(like, nseq, T, d, n_heads):
     """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
     every (sequence, head), in the dtype of ``like``; see attention_task."""
@@ -235,7 +235,7 @@ def attention_buffers(like, nseq, T, d, n_heads):
     return np.empty(nbh * ktn, dtype=like.dtype), np.empty(nbh * T * ldv, dtype=like.dtype)
 
 
-@njit(**JIT)
+@kernel
 def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
     """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; row r is
     S.flat[(r - r0) * d + c] with d = n_heads * dk) into the K^T panels of their heads
@@ -264,7 +264,7 @@ def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
         r = e
 
 
-@njit(**JIT)
+@kernel
 def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
     """Columns c0..c1 of the V rows r0..r1 (as in store_kt) into the contiguous per-head
     rows of Vp (ldv = d_k rounded up to NR); where c1 ends a head, its padding columns
@@ -291,7 +291,7 @@ def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
                     vstore_n(Vp, row + c, zero, ldv - c)
 
 
-@njit(**JIT)
+@kernel
 def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
              q, ldq, kt, vp, packed):
     """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v]
@@ -332,7 +332,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
             store_v(S, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
 
 
-@njit(**JIT)
+@kernel
 def pack_head(qkv, T, d, n_heads, t, kt, vp):
     """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
     contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
@@ -347,7 +347,7 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
     pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
 
 
-@njit(**JIT)
+@kernel
 def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     """Task t of stage 3: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
@@ -382,7 +382,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
                q, (b * T + q0) * ldq + h * dk, ldq)
 
 
-@njit(**JIT)
+@kernel
 def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
     """Stages 2+3 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
@@ -397,7 +397,7 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
                           srow[t * T:(t + 1) * T], qkv, base, ld)
 
 
-@njit(parallel=True, **JIT)
+@kernel(parallel=True)
 def attention_core(qkv, T, d, n_heads, causal):
     """The block's attention on its own, for callers that time it alone: qkv is the
     flat (B*T, 3d) buffer of projection rows [Q | K | V]; each head's output replaces
@@ -543,7 +543,7 @@ def _compiled(name, parallel):
                             _block.__closure__)
     fn.__qualname__ = name
     fn.__doc__ = _block.__doc__
-    return njit(parallel=parallel, **JIT)(fn)
+    return kernel(fn, parallel=parallel)
 
 
 block_parallel = _compiled("block_parallel", True)

@@ -20,10 +20,9 @@ registers live, within the register file of every path.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .isa import MR, PATH
-from .options import JIT
+from .options import kernel
 from .simd import (lanes, panel_lanes, pbcast, pload, pload_n, prefetch_l2, psplat, pstore, pstore_n,
                    vadd, vfma)
 
@@ -36,7 +35,7 @@ def panel_width(dtype) -> int:
     return NV * PATH.vector_bytes // np.dtype(dtype).itemsize
 
 
-@njit(**JIT)
+@kernel
 def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate):
     """C[0:m, 0:n] (+)= A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
 
@@ -71,7 +70,7 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
         _store_row(C, c_off + 5 * ldc, n, accumulate, c5)
 
 
-@njit(**JIT)
+@kernel
 def _store_row(C, off, n, accumulate, v):
     """C.flat[off : off + n] (+)= v[:n]: one full-width store when the row is whole."""
     if n >= panel_lanes(C):
@@ -102,7 +101,7 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
         panels[p, :, :cols.shape[1]] = cols
 
 
-@njit(inline="always", **JIT)
+@kernel(inline="always")
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
     """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially, for a packed
     B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is called:
@@ -111,7 +110,7 @@ def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, ac
     gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC)
 
 
-@njit(**JIT)
+@kernel
 def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
     """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially.
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
 
-from .options import JIT
+from .options import kernel
 from .simd import lanes, vadd, vfma, vhsum, vkeep, vload_n, vmul, vsplat, vstore_n, vsub
 
 
-@njit(**JIT)
+@kernel
 def layernorm_rows(X, x_off, ldx, Y, y_off, ldy, rows, d, P, g_off, b_off, eps):
     """Y[r, :] = (X[r, :] - mean) / sqrt(var + eps) * gamma + beta for r < rows.
 

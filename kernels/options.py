@@ -1,5 +1,8 @@
 """Compiler options shared by every kernel."""
 
+from numba.core import types
+from numba.core.registry import CPUDispatcher
+
 from .cache import CACHE_PATH
 
 # Fast-math flags that keep IEEE NaN/Inf semantics: no "nnan", no "ninf", so a NaN or
@@ -13,3 +16,27 @@ FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # that serial calls from several Python threads run at once; error_model="numpy" so x/0
 # gives inf/nan instead of Python's branch and exception on every division.
 JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_model="numpy")
+
+
+class KernelDispatcher(CPUDispatcher):
+    """Numba's CPU dispatcher, except that a call from compiled code is typed without its
+    literal constants: Numba would compile one copy of a kernel per combination of
+    constant arguments at its call sites (the parallel block built gemm_panels nine
+    times, for offsets of 0 and flags of True or False), each a full LLVM compile."""
+
+    def get_call_template(self, args, kws):
+        return super().get_call_template(tuple(types.unliteral(a) for a in args),
+                                         {k: types.unliteral(v) for k, v in kws.items()})
+
+
+def kernel(fn=None, **options):
+    """``@njit(**JIT, **options)`` with a KernelDispatcher: the decorator of every kernel."""
+    opts = {**JIT, **options, "nopython": True, "boundscheck": None}
+    cache = opts.pop("cache")
+
+    def wrap(f):
+        disp = KernelDispatcher(py_func=f, locals={}, targetoptions=opts)
+        if cache:
+            disp.enable_caching()
+        return disp
+    return wrap(fn) if fn is not None else wrap

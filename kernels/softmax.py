@@ -8,14 +8,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
-from .options import JIT
+from .options import kernel
 
 NO_MASK, CAUSAL, ADDITIVE, BOOLEAN = 0, 1, 2, 3
 
 
-@njit(**JIT)
+@kernel
 def masked_softmax_rows(S, scale, mask_kind, mask_add, mask_keep, out):
     """out[i, :] = softmax_j(S[i, j] * scale (+ mask)) over the allowed j.
 
