@@ -6,10 +6,6 @@
     H_out = tblock.forward(np.random.randn(4, 8).astype(np.float32), w, cfg)
 """
 
-from . import _runtime
-
-_runtime.choose_threading_layer()    # fork-safe "workqueue", before anything starts Numba's pool
-
 from ._runtime import get_num_threads, set_num_threads, threads
 from .api import (BACKEND_MODULES, BackendUnavailable, Block, Stack, Trace, available_backends,
                   forward)

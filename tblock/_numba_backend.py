@@ -7,12 +7,13 @@ single call into compiled code per forward pass.
 Threading: all parallel work runs in Numba's thread pool, inside the compiled block, on
 tblock's thread count (tblock.set_num_threads; Numba's own count is per Python thread, so
 parallel_call sets it in the calling thread); no BLAS is called on that path, so BLAS
-threads never compete with it.  The "workqueue" threading layer tblock selects (fork-safe,
-see tblock._runtime) aborts if two Python threads enter parallel code at once, and the
-OpenMP/TBB layers would run both regions on the same cores, oversubscribed.  A lock
+threads never compete with it.  Numba's "workqueue" layer aborts if two Python threads
+enter parallel code at once, and the OpenMP/TBB layers would run both regions on the
+same cores, oversubscribed.  A lock
 around the parallel call therefore makes concurrent callers take turns: each call
 still uses every core, and the results are exactly the serial ones.  The serial
-variant (small blocks) holds no lock and releases the GIL.
+variant (small blocks, one thread, and a child forked after an OpenMP region: see
+tblock._runtime) holds no lock and releases the GIL; it gives the same bits.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def forward_batch(H, weights, cfg, trace):
     _, flat, scalars, per_row, per_key = plan
     B, T, d = H.shape
     # _block_flops, inlined with the per-config parts precomputed (a call costs ~0.1 us)
-    if B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS:
+    if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
+            or _runtime._threads == 1 or _runtime._serial_only):
         out = block_serial(H, flat, T, d, *scalars, 1)
     else:
         out = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
@@ -131,6 +133,9 @@ def parallel_call(fn, *args, pass_threads=False):
     """``fn(*args)`` (``fn(*args, nthr)`` with pass_threads) on tblock's thread count, one
     caller at a time.  Numba's thread count and chunk size are thread-local, so they are
     set here, in the calling thread, and put back afterwards."""
+    if _runtime._serial_only:
+        raise RuntimeError("parallel code cannot run in a child forked after this process used "
+                           "Numba's OpenMP pool; start children with spawn or forkserver")
     n = _runtime._threads
     with _PARALLEL_LOCK:
         old_n = numba.get_num_threads()
@@ -230,9 +235,10 @@ def warmup() -> None:
     for dtype in (np.float32, np.float64):
         w = init_weights(cfg, seed=0, dtype=dtype)
         H = np.zeros((1, 4, 8), dtype=dtype)
-        H.flags.writeable = False          # the API hands backends read-only inputs
+        H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
         flat = w.prepared((_KEY, np.dtype(dtype).char), lambda ww: _pack_weights(ww, dtype))
         args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
         block_serial(*args, 1)
-        parallel_call(block_parallel, *args, pass_threads=True)
-        _forward_trace(H, w, cfg)
+        if not _runtime._serial_only:
+            parallel_call(block_parallel, *args, pass_threads=True)
+        forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included

@@ -1,12 +1,14 @@
 """How tblock runs inside a process: Numba's threading layer and tblock's thread count.
 
-Fork safety.  Left to itself, Numba picks the GNU OpenMP layer wherever libgomp is found,
-and a child forked after a parallel call then dies ("fork() called from a process already
-using GNU OpenMP") while its parent waits forever.  tblock therefore asks for the
-"workqueue" layer, which survives fork, before Numba starts its thread pool, unless the
-user chose a layer (NUMBA_THREADING_LAYER or NUMBA_THREADING_LAYER_PRIORITY).  Workqueue
-cannot run two parallel regions at once; the numba backend's lock already makes parallel
-calls take turns.
+Fork safety.  Numba picks the GNU OpenMP layer wherever libgomp is found, and a child
+forked after a parallel region cannot use that pool: Numba kills it ("fork() called from
+a process already using GNU OpenMP") while its parent waits forever.  tblock keeps the
+OpenMP layer, whose threads wait for work spinning and so start a region in about a
+microsecond (the "workqueue" layer's sleeping threads made d_model=384, T=64 1.6x and
+768/128 1.06-1.4x slower, the TBB layer 1.7x and 1.9x), and instead runs the serial
+block in such a child: the same bits on one thread (``serial_only``).  Children made by
+spawn or forkserver, or forked before the first parallel call, run in parallel as
+usual; a layer chosen by the user (NUMBA_THREADING_LAYER) is left alone.
 
 Threads.  One count for the whole process (``set_num_threads``), applied by the backend
 to every parallel call, from whichever Python thread it comes: Numba's own setting is
@@ -22,17 +24,27 @@ import os
 import warnings
 
 
-def choose_threading_layer() -> None:
-    """Select the fork-safe "workqueue" layer unless the user chose one or the pool runs."""
+_serial_only = False
+
+
+def serial_only() -> bool:
+    """True in a child forked after this process ran parallel code on the GNU OpenMP
+    layer: there, parallel code would kill the child."""
+    return _serial_only
+
+
+def _after_fork_in_child() -> None:
+    global _serial_only
     try:
-        from numba.core import config
+        import numba
         from numba.np.ufunc import parallel
     except ImportError:
-        return                          # no Numba: the numba backend says why when asked
-    user_chose = {"NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"} & set(os.environ)
-    if user_chose or config.THREADING_LAYER != "default" or parallel._is_initialized:
-        return                          # a .numba_config.yaml choice counts too; a running pool is too late
-    config.THREADING_LAYER = "workqueue"
+        return
+    if parallel._is_initialized and numba.threading_layer() == "omp":
+        _serial_only = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pool_size() -> int:

@@ -132,10 +132,11 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
         H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
     flat = H.ndim == 2
     H3 = H[None] if flat else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
-    if H3.flags.c_contiguous:
-        H3.setflags(write=False)        # a backend cannot write into the caller's array
-    else:
-        H3 = np.ascontiguousarray(H3)   # any strides in, C order to the backend (a private copy)
+    if not (H3.flags.c_contiguous and H3.flags.aligned):
+        H3 = H3.copy(order="C")         # any strides in, aligned C order to the backend
+    # read-only: a backend cannot write into the caller's array; and the compiled block
+    # sees one array type, whatever the input's flags, so warmup() covers every call
+    H3.setflags(write=False)
     H_out, tr = module.forward_batch(H3, weights, cfg, trace)
     if H_out is None:
         check_finite("H", H)                # raises, naming where the NaN or Inf is

@@ -1,5 +1,9 @@
 """Fork safety (issue #13): children made after a parallel call finish with the parent's results.
 
+On the GNU OpenMP layer a child forked after a parallel region runs the serial block
+(tblock._runtime.serial_only); spawned children, and every child on the workqueue layer,
+run in parallel.
+
 Each case runs in a fresh interpreter with a timeout, so a child that dies and leaves its
 parent waiting fails the test instead of hanging the suite."""
 
@@ -24,6 +28,14 @@ def run(_=None):
 def child(q):
     q.put(run())
 
+def probe(q):
+    from tblock import _numba_backend as nb, _runtime
+    try:
+        nb.parallel_call(lambda: None)
+        q.put((_runtime.serial_only(), "ran"))
+    except RuntimeError as e:
+        q.put((_runtime.serial_only(), str(e)))
+
 if __name__ == "__main__":
     method = sys.argv[1]
     parent = run()                  # parallel: Numba's pool is running from here on
@@ -40,6 +52,7 @@ if __name__ == "__main__":
         assert p.exitcode == 0, f"child exit code {p.exitcode}"
     assert all(np.array_equal(o, parent) for o in outs), "a child computed something else"
     print("ok", numba.threading_layer())
+
 '''
 
 
@@ -47,22 +60,64 @@ def test_the_scripts_call_is_parallel():
     assert nb._block_flops(1, 256, 64, 256, True) >= nb.PARALLEL_MIN_FLOPS
 
 
+LAYERS = ["default", "workqueue"]     # Numba's own choice (OpenMP where libgomp is found)
+
+
+def _env(layer):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
+    return env if layer == "default" else {**env, "NUMBA_THREADING_LAYER": layer}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn", "pool"])
-def test_children_after_a_parallel_call(method, tmp_path):
+def test_children_after_a_parallel_call(method, layer, tmp_path):
     script = tmp_path / "forking.py"
     script.write_text(SCRIPT)
     try:
-        p = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True,
+                           timeout=300, env=_env(layer))
     except subprocess.TimeoutExpired:
         pytest.fail(f"{method}: the parent hung after forking")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["ok", "workqueue"]
+    assert p.stdout.split()[0] == "ok"
+    if layer != "default":
+        assert p.stdout.split()[1] == layer
 
 
-def test_a_users_threading_layer_is_kept():
+PROBE = SCRIPT.split('if __name__ == "__main__":')[0] + r'''
+if __name__ == "__main__":
+    run()
+    import numba
+    print(numba.threading_layer())
+    for method in ("fork", "spawn"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=probe, args=(q,))
+        p.start()
+        print(method, *q.get(timeout=120))
+        p.join(60)
+'''
+
+
+def test_a_forked_child_of_an_openmp_parent_runs_serially(tmp_path):
+    """The child knows it must not enter OpenMP code: forward runs the serial block (the
+    test above checks its bits), and any other parallel call raises instead of Numba
+    killing the process."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env=_env("default"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    if lines[0] != "omp":
+        pytest.skip(f"Numba chose the {lines[0]} layer here (no GNU OpenMP); nothing to fall back from")
+    assert lines[1].startswith("fork True parallel code cannot run in a child forked")
+    assert lines[2] == "spawn False ran"
+
+
+def test_tblock_leaves_numbas_threading_layer_alone():
     code = "import tblock, numba; print(numba.config.THREADING_LAYER)"
-    env_run = lambda env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                         timeout=120, env=env).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
-    assert env_run(env) == "workqueue"
-    assert env_run({**env, "NUMBA_THREADING_LAYER": "safe"}) == "safe"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                     timeout=120, env=env).stdout.strip()
+    assert run(_env("default")) == "default"
+    assert run(_env("workqueue")) == "workqueue"

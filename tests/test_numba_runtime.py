@@ -49,18 +49,44 @@ def test_four_threads_give_the_serial_results():
         np.testing.assert_array_equal(out, serial[j])
 
 
+def _compiled_signatures():
+    """Every signature of every kernel dispatcher: a call that compiles adds one."""
+    import importlib
+    from numba.core.dispatcher import Dispatcher
+    names = ("activations", "attention", "block", "gemm", "layernorm", "softmax", "validate")
+    return sum(len(f.signatures) for n in names
+               for f in vars(importlib.import_module(f"tblock.kernels.{n}")).values()
+               if isinstance(f, Dispatcher))
+
+
+def _layouts(H):
+    """The same values as writeable, read-only, strided, Fortran-ordered and unaligned
+    arrays: the API hands the block one array type for all of them."""
+    ro = H.copy()
+    ro.flags.writeable = False
+    strided = np.repeat(H, 2, axis=0)[::2]
+    raw = np.empty(H.nbytes + 1, dtype=np.uint8)[1:].view(H.dtype).reshape(H.shape)
+    raw[...] = H
+    assert not raw.flags.aligned
+    return [H, ro, strided, np.asfortranarray(H), raw, H[None]]
+
+
 def test_warmup_compiles_everything_used_by_forward():
+    """After warmup(), no call compiles: both dtypes, the serial and the parallel block,
+    the trace path, and inputs of any flags and layout (issue #13: a writeable or a
+    non-contiguous input compiled again, 6-17 s)."""
     tblock.warmup()
-    from tblock.kernels.block import block_parallel, block_serial
-    before = (len(block_serial.signatures), len(block_parallel.signatures))
+    before = _compiled_signatures()
     for dtype in (np.float32, np.float64):
         cfg = tblock.BlockConfig(d_model=24, n_heads=3, norm="post", activation="relu")
         w = tblock.init_weights(cfg, 1, dtype=dtype)
         for T in (3, 2000):                       # the serial and the parallel variant
             H = np.random.default_rng(0).standard_normal((T, 24)).astype(dtype)
-            tblock.forward(H, w, cfg, backend="numba")
+            want = tblock.forward(H, w, cfg, backend="numba")
+            for X in _layouts(H):
+                np.testing.assert_array_equal(tblock.forward(X, w, cfg, backend="numba"), want.reshape(X.shape))
             tblock.forward(H[:5], w, cfg, backend="numba", trace=True)
-    assert (len(block_serial.signatures), len(block_parallel.signatures)) == before
+    assert _compiled_signatures() == before
 
 
 def test_prepared_weights_are_cached_per_dtype():
