@@ -15,13 +15,13 @@ from conftest import copy_package
 
 CHILD = r"""
 import numpy as np, tblock
-from tblock.kernels.cache import CACHE_PATH
+from tblock.kernels.validate import all_finite
 cfg = tblock.BlockConfig(d_model=8, n_heads=2)
 w = tblock.init_weights(cfg, seed=0)
 H = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
 diff = np.abs(tblock.forward(H, w, cfg, backend="numpy") - tblock.forward(H, w, cfg)).max()
 print(tblock.__file__)
-print(CACHE_PATH)
+print(getattr(all_finite._cache, "_cache_path", None))      # Numba's NullCache has none
 print(diff)
 """
 
