@@ -34,15 +34,25 @@ def parallel_case():
 
 @pytest.fixture
 def seen(monkeypatch):
-    """(nthr argument, Numba's count in the calling thread) of every parallel block call."""
+    """What each block call ran on: ("serial",) or ("parallel", nthr argument, Numba's count
+    in the calling thread); one thread runs the serial block (the same bits)."""
     calls = []
-    real = nb.block_parallel
+    serial, parallel = nb.block_serial, nb.block_parallel
 
-    def spy(*args):
-        calls.append((args[-1], numba.get_num_threads()))
-        return real(*args)
-    monkeypatch.setattr(nb, "block_parallel", spy)
+    def spy_serial(*args):
+        calls.append(("serial",))
+        return serial(*args)
+
+    def spy_parallel(*args):
+        calls.append(("parallel", args[-1], numba.get_num_threads()))
+        return parallel(*args)
+    monkeypatch.setattr(nb, "block_serial", spy_serial)
+    monkeypatch.setattr(nb, "block_parallel", spy_parallel)
     return calls
+
+
+def expected(n):
+    return ("serial",) if n == 1 else ("parallel", n, n)
 
 
 def _in_thread(fn):
@@ -59,7 +69,7 @@ def test_another_thread_sees_the_setting(parallel_case, seen):
     for n in sorted({1, POOL}):
         tblock.set_num_threads(n)
         _in_thread(lambda: tblock.forward(H, w, cfg))
-        assert seen[-1] == (n, n)
+        assert seen[-1] == expected(n)
         assert _in_thread(tblock.get_num_threads) == n
 
 
@@ -69,20 +79,27 @@ def test_the_context_applies_to_the_body_and_restores(parallel_case, seen):
     with tblock.threads(1):
         assert tblock.get_num_threads() == 1
         _in_thread(lambda: tblock.forward(H, w, cfg))
-        assert seen[-1] == (1, 1)
+        assert seen[-1] == expected(1)
     assert tblock.get_num_threads() == POOL
+    _in_thread(lambda: tblock.forward(H, w, cfg))
+    assert seen[-1] == expected(POOL)
     with pytest.raises(RuntimeError):
         with tblock.threads(1):
             raise RuntimeError("the body fails")
     assert tblock.get_num_threads() == POOL
 
 
-def test_numbas_own_count_in_the_caller_is_put_back(parallel_case):
+@pytest.mark.skipif(POOL < 2, reason="Numba's pool has one thread here (NUMBA_NUM_THREADS)")
+def test_numbas_own_count_in_the_caller_is_put_back(parallel_case, seen):
     cfg, w, H = parallel_case
     mine = numba.get_num_threads()
-    tblock.set_num_threads(1)
-    tblock.forward(H, w, cfg)
-    assert numba.get_num_threads() == mine
+    numba.set_num_threads(1)            # the caller's own, thread-local setting
+    try:
+        tblock.set_num_threads(POOL)
+        tblock.forward(H, w, cfg)
+        assert seen[-1] == expected(POOL) and numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(mine)
 
 
 @pytest.mark.skipif(POOL < 2, reason="Numba's pool has one thread here (NUMBA_NUM_THREADS)")
