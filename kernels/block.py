@@ -236,9 +236,9 @@ def attention_buffers(like, nseq, T, d, n_heads):
 
 
 @kernel
-def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
-    """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; row r is
-    S.flat[(r - r0) * d + c] with d = n_heads * dk) into the K^T panels of their heads
+def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
+    """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; K[r, c] is
+    S.flat[(r - r0) * lds + c - c0]) into the K^T panels of their heads
     (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
     last panel.  Stores run along the keys, contiguous within a panel."""
     NR = panel_lanes(Kt)
@@ -254,10 +254,10 @@ def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
             cb = min(c1, (h + 1) * dk)
             head = (b * n_heads + h) * ktn - h * dk * NR
             for c in range(ca, cb):
-                src = (r - r0) * d + c
+                src = (r - r0) * lds + c - c0
                 for i in range(e - r):
                     t = t0 + i
-                    Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * d]
+                    Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * lds]
                 if e == (b + 1) * T:
                     for t in range(T, (T + NR - 1) // NR * NR):
                         Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = 0.0
@@ -265,7 +265,7 @@ def store_kt(S, r0, r1, c0, c1, T, n_heads, dk, Kt):
 
 
 @kernel
-def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
+def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
     """Columns c0..c1 of the V rows r0..r1 (as in store_kt) into the contiguous per-head
     rows of Vp (ldv = d_k rounded up to NR); where c1 ends a head, its padding columns
     d_k..ldv are zeroed."""
@@ -280,7 +280,7 @@ def store_v(S, r0, r1, c0, c1, T, n_heads, dk, Vp):
         for h in range(c0 // dk, (c1 - 1) // dk + 1):
             ca = max(c0, h * dk)
             cb = min(c1, (h + 1) * dk)
-            src = (r - r0) * d + ca
+            src = (r - r0) * lds + ca - c0
             dst = ((b * n_heads + h) * T + t) * ldv + ca - h * dk
             n = cb - ca
             for c in range(0, n, W):
@@ -298,8 +298,8 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
     (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
 
     With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
-    layouts attention reads (K^T panels in kt, per-head rows in vp), through an m x d
-    scratch the size of the task, still in L2: the (rows, 3d) projection buffer and a
+    layouts attention reads (K^T panels in kt, per-head rows in vp), through a scratch
+    of the task's rows and panels, still in L2: the (rows, 3d) projection buffer and a
     separate pass that packed K and V out of it are never needed (at d_model=768, T=4096
     they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
     Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
@@ -324,12 +324,13 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
             gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b,
                        q, r0 * ldq + (0 if packed else j * d), ldq, False, KC)
             continue
-        S = np.empty(m * d, dtype=H.dtype)
-        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, 0, d, False, KC)
+        lds = (b - a) * NR                    # S: panels a..b of the task's rows
+        S = np.empty(m * lds, dtype=H.dtype)
+        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC)
         if j == 1:
-            store_kt(S, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
+            store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
         else:
-            store_v(S, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
+            store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
 
 
 @kernel

@@ -323,7 +323,10 @@ def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtyp
     ccuts = np.unique(np.r_[0, rng.integers(0, d, 2), d])
     for r0, r1 in zip(rcuts[:-1], rcuts[1:]):
         for c0, c1 in zip(ccuts[:-1], ccuts[1:]):
-            store_kt(np.ascontiguousarray(K[r0:r1]).reshape(-1), r0, r1, c0, c1, T, n_heads, dk, got_kt)
-            store_v(np.ascontiguousarray(V[r0:r1]).reshape(-1), r0, r1, c0, c1, T, n_heads, dk, got_vp)
+            # the scratch holds just the piece: rows r0..r1, columns c0..c1
+            store_kt(np.ascontiguousarray(K[r0:r1, c0:c1]).reshape(-1), c1 - c0, r0, r1, c0, c1,
+                     T, n_heads, dk, got_kt)
+            store_v(np.ascontiguousarray(V[r0:r1, c0:c1]).reshape(-1), c1 - c0, r0, r1, c0, c1,
+                    T, n_heads, dk, got_vp)
     np.testing.assert_array_equal(got_kt, want_kt)
     np.testing.assert_array_equal(got_vp, want_vp)
