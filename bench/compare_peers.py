@@ -103,9 +103,9 @@ def versions():
 def pin_threads(n, names):
     """Numba, the BLAS pools and torch at n threads (ONNX Runtime and OpenVINO get n when
     their sessions are built); returns the counts in force."""
-    import numba
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    counts = {"requested": n, "numba": numba.get_num_threads()}
+    from tblock import _runtime
+    tblock.set_num_threads(min(n, _runtime.pool_size()))     # every tblock call, any thread
+    counts = {"requested": n, "numba": tblock.get_num_threads()}
     if {"torch", "compile", "openvino"} & set(names):
         import torch
         torch.set_num_threads(n)
@@ -349,8 +349,7 @@ _MEM_CHILD = textwrap.dedent("""
             sys.exit(why)
     base_import = hwm()
     if name == "tblock":
-        import numba
-        numba.set_num_threads(threads)
+        tblock.set_num_threads(threads)
         tblock.warmup()          # loads the compiled kernels (Numba and LLVM take memory too)
     base_warm = hwm()
     cfg = tblock.BlockConfig(d_model=d, n_heads=h)
@@ -475,8 +474,8 @@ def main(argv=None):
     # the order of imports matters: torch before Numba's pool starts, the others after
     # (tblock.peers.import_early says why), so every library runs as it does on its own
     peers.import_early(args.peers)
-    import numba
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    from tblock import _runtime
+    tblock.set_num_threads(min(args.threads, _runtime.pool_size()))
     t = time.perf_counter()
     tblock.warmup()
     warmup_s = time.perf_counter() - t
@@ -484,6 +483,7 @@ def main(argv=None):
     status = {n: peers.peer_status(n) for n in args.peers}
     names = [n for n in args.peers if status[n][0]]
     threads = pin_threads(args.threads, names)
+    import numba
     threads["numba_threading_layer"] = numba.threading_layer()
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
