@@ -9,6 +9,7 @@ API did) and only prepares weights and dispatches.
     cache       Numba's cache, one directory per path
     simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
     gemm        6 x NV-vector register-blocked micro-kernel over pre-packed weight panels
+    layout      panel, stride and task arithmetic: weight layout, packed K/V sizes, task grids
     layernorm   row LayerNorm with the affine fused in
     activations bias + activation (gelu_tanh, gelu_erf, relu) over a tile
     softmax     masked (causal / additive / boolean) row softmax, for the trace path

@@ -15,6 +15,7 @@ import math
 
 
 from .gemm import MR, micro_kernel
+from .layout import panels
 from .options import kernel
 from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul, vsub,
                    vsplat, vstore, vstore_n)
@@ -30,7 +31,7 @@ def pack_kt(X, x_off, ldx, T, dk, Kt, kt_off):
     Kt[kt_off + p*dk*NR + c*NR + j] = K[p*NR + j, c], zero for keys >= T.
     K[t, c] = X.flat[x_off + t*ldx + c]."""
     NR = panel_lanes(Kt)
-    for p in range((T + NR - 1) // NR):
+    for p in range(panels(T, NR)):
         base = kt_off + p * dk * NR
         for j in range(NR):
             t = p * NR + j
@@ -113,7 +114,7 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
     # above that are skipped here, and the softmax and P V below stop at the same bound
     # (klim), so a diagonal tile costs about half a tile.
     qa = q0 + s0
-    for p in range((kn + NR - 1) // NR):
+    for p in range(panels(kn, NR)):
         pb = kt_off + (k0 // NR + p) * dk * NR
         n = min(NR, kn - p * NR)
         for i in range(0, m, MR):

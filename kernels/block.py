@@ -1,19 +1,19 @@
 """The whole block in one call: fused stages over flat buffers.
 
 One compiled function runs a forward pass of the block over B sequences, so a call
-from Python crosses into Numba once.  Its five stages are loops over independent
-tasks; each task calls the serial kernels of this package:
+from Python crosses into Numba once.  Its four stages are loops over independent
+tasks; each task calls the serial kernels of this package (tile and stride arithmetic:
+``layout``):
 
   1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v]: Q into ``q``,
             K and V through a task-sized scratch straight into the layouts attention
             reads (K^T in panels for the score micro-kernel, V in contiguous rows per
             head); for tiny T*T*d_k, Q, K and V side by side in one buffer instead
-  2. (gone: K and V used to be packed out of a (rows, 3d) buffer in a stage of their own)
-  3. attn:  per (sequence, head, query tile), flash attention; the head's output is
+  2. attn:  per (sequence, head, query tile), flash attention; the head's output is
             written over that head's Q columns of the same rows (each Q tile is read
             by exactly one task, before it writes there), so out_concat needs no buffer
-  4. W_O:   out = H + out_concat @ W_O (the residual is the GEMM's initial C)
-  5. FFN:   per row tile: [LN], then per chunk of FF_CHUNK hidden columns:
+  3. W_O:   out = H + out_concat @ W_O (the residual is the GEMM's initial C)
+  4. FFN:   per row tile: [LN], then per chunk of FF_CHUNK hidden columns:
             up-projection, bias + activation, and the chunk's band of W_2 accumulated
             onto the residual already in ``out`` [LN]: the (rows, FF_CHUNK) hidden
             chunk is the only place the hidden layer exists.  When the rows are too few
@@ -46,8 +46,10 @@ from numba import prange
 
 from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import KC, MR, gemm_block, gemm_panels
+from .gemm import KC, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
+from .layout import (kt_len, packed_len, panels, rows_per_task, stage_grid, task_tile, v_stride,
+                     weight_layout)
 from .options import kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .validate import all_finite
@@ -71,35 +73,6 @@ DIRECT_MAX = 8192
 
 
 @kernel
-def packed_len(K, N, NR):
-    """Elements a packed (K, N) matrix takes in the flat weight buffer: its panels,
-    rounded up to a whole number of 64-byte lines (16 float32 / 8 float64 elements, so
-    16 serves both)."""
-    return (((N + NR - 1) // NR) * K * NR + 15) // 16 * 16
-
-
-@kernel
-def weight_layout(d, dff, NR):
-    """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
-    o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
-    W_2, then b1, b2, gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
-    def up(x):
-        return (x + 15) // 16 * 16
-    o_qkv = 0
-    o_o = o_qkv + 3 * packed_len(d, d, NR)
-    o_1 = o_o + packed_len(d, d, NR)
-    o_2 = o_1 + packed_len(d, dff, NR)
-    o_b1 = o_2 + packed_len(dff, d, NR)
-    o_b2 = o_b1 + up(dff)
-    o_g1 = o_b2 + up(d)
-    o_be1 = o_g1 + up(d)
-    o_g2 = o_be1 + up(d)
-    o_be2 = o_g2 + up(d)
-    total = o_be2 + up(d)
-    return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
-
-
-@kernel
 def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
     """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
     Y may be X."""
@@ -109,47 +82,6 @@ def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
         if add:
             v = vadd(v, vload_n(P, p_off + j, n - j))
         vstore_n(Y, y_off + j, v, n - j)
-
-
-@kernel
-def rows_per_task(rows, cap, nthr):
-    """Rows per task for a stage over ``rows`` rows: at most ``cap``, a multiple of the
-    micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
-    no thread idles at the end (128 rows in 48-row tasks left one of two cores idle for
-    a third of the FFN)."""
-    ntask = (rows + cap - 1) // cap
-    ntask = (ntask + nthr - 1) // nthr * nthr
-    per = (rows + ntask - 1) // ntask
-    return max(MR, (per + MR - 1) // MR * MR)
-
-
-@kernel
-def stage_grid(rows, npanels, cap, nthr):
-    """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
-    splits into tasks: (rows per task, panel groups); task_tile numbers them.
-
-    With threads to spare (rows <= cap * nthr: at most one row block a thread), every
-    task takes all the rows and one panel: each weight is then streamed by one thread
-    only, and the many equal tasks balance the cores, where row blocks rounded to the
-    micro-tile left one thread up to a tile-row behind (d_model=384, T=64: 64 rows in
-    tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
-    nthr of them, each split into column groups when there are few (a serial call gains
-    nothing from the split)."""
-    if nthr > 1 and rows <= cap * nthr:
-        return rows, npanels
-    mc = rows_per_task(rows, cap, nthr)
-    nrb = (rows + mc - 1) // mc
-    return mc, 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
-
-
-@kernel
-def task_tile(t, groups, mc, rows, npanels):
-    """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
-    of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
-    keeps both cores busy when there are fewer row blocks than threads."""
-    r0 = (t // groups) * mc
-    g = t % groups
-    return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
 
 
 @kernel
@@ -166,7 +98,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
     NR = panel_lanes(Wf)
     o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
-    ch = min(FF_CHUNK, (dff + NR - 1) // NR * NR)
+    ch = min(FF_CHUNK, panels(dff, NR) * NR)
     # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
     # fall in the same L1 sets, where the micro-kernel's six A rows evict each other
     ldh = ch + 64 // X.itemsize
@@ -179,11 +111,11 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     for c0 in range(0, dff, ch):
         cw = min(ch, dff - c0)
         # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, (c0 + cw + NR - 1) // NR,
+        gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, panels(c0 + cw, NR),
                    hid, -c0, ldh, False, KC)
         bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
-        gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, (d + NR - 1) // NR,
+        gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, panels(d, NR),
                     out, out_off, d, True, KC)
 
 
@@ -229,8 +161,8 @@ def attention_buffers(like, nseq, T, d, n_heads):
     every (sequence, head), in the dtype of ``like``; see attention_task."""
     NR = panel_lanes(like)
     dk = d // n_heads
-    ktn = ((T + NR - 1) // NR) * dk * NR
-    ldv = ((dk + NR - 1) // NR) * NR
+    ktn = kt_len(T, dk, NR)
+    ldv = v_stride(dk, NR)
     nbh = nseq * n_heads
     return np.empty(nbh * ktn, dtype=like.dtype), np.empty(nbh * T * ldv, dtype=like.dtype)
 
@@ -242,8 +174,7 @@ def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
     (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
     last panel.  Stores run along the keys, contiguous within a panel."""
     NR = panel_lanes(Kt)
-    d = n_heads * dk
-    ktn = ((T + NR - 1) // NR) * dk * NR
+    ktn = kt_len(T, dk, NR)
     r = r0
     while r < r1:
         b = r // T
@@ -259,7 +190,7 @@ def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
                     t = t0 + i
                     Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * lds]
                 if e == (b + 1) * T:
-                    for t in range(T, (T + NR - 1) // NR * NR):
+                    for t in range(T, panels(T, NR) * NR):
                         Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = 0.0
         r = e
 
@@ -271,8 +202,7 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
     d_k..ldv are zeroed."""
     W = lanes(Vp)
     NR = panel_lanes(Vp)
-    d = n_heads * dk
-    ldv = ((dk + NR - 1) // NR) * NR
+    ldv = v_stride(dk, NR)
     zero = vsplat(Vp, 0.0)
     for r in range(r0, r1):
         b = r // T
@@ -304,7 +234,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
     they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
     Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
     NR = panel_lanes(Wf)
-    npd = (d + NR - 1) // NR
+    npd = panels(d, NR)
     wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
     m = r1 - r0
     dk = d // n_heads
@@ -340,8 +270,8 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
     NR = panel_lanes(kt)
     dk = d // n_heads
     ld = 3 * d
-    ktn = ((T + NR - 1) // NR) * dk * NR
-    ldv = ((dk + NR - 1) // NR) * NR
+    ktn = kt_len(T, dk, NR)
+    ldv = v_stride(dk, NR)
     b = t // n_heads
     h = t % n_heads
     pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
@@ -350,7 +280,7 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
 
 @kernel
 def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
-    """Task t of stage 3: one query tile of one head of one sequence; Q[b, i] of head h
+    """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
     columns.  K and V are packed in kt and vp (attention_buffers).  Tasks are numbered
     head by head, and within a (sequence, head) costly-first: its last query tile (most
@@ -360,8 +290,8 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     in 185-199 ms against 132-155 ms this way (the same on 1 thread), measured side by side."""
     NR = panel_lanes(kt)
     dk = d // n_heads
-    ktn = ((T + NR - 1) // NR) * dk * NR
-    ldv = ((dk + NR - 1) // NR) * NR
+    ktn = kt_len(T, dk, NR)
+    ldv = v_stride(dk, NR)
     nqt = (T + BQ - 1) // BQ
     bh = t // nqt
     qt = nqt - 1 - t % nqt
@@ -372,7 +302,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     dt = q.dtype
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
-    bk = min(BK, (T + NR - 1) // NR * NR)
+    bk = min(BK, panels(T, NR) * NR)
     Qt = np.empty(m * dk, dtype=dt)
     S = np.empty(min(m, QSUB) * bk, dtype=dt)
     O = np.empty(m * ldv, dtype=dt)
@@ -385,7 +315,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
 
 @kernel
 def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
-    """Stages 2+3 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
+    """Stage 2 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
     computes each query's row completely before writing it, from its own Q).
     qkv: (B*T, 3d) rows [Q | K | V].  srow: float64 scratch, T elements per task."""
@@ -448,7 +378,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
-    npq = 3 * ((d + NR - 1) // NR)
+    npq = 3 * panels(d, NR)
     mc, groups = stage_grid(rows, npq, MC, nthr)
     nrb = (rows + mc - 1) // mc
     X, ln_in_task = H, pre_ln
@@ -465,22 +395,22 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
                  q, ldq, kt, vp, not direct)
 
     if direct:
-        # 2+3 for tiny sequences: one task per (sequence, head), no packing
+        # 2. for tiny sequences: one task per (sequence, head), no packing
         srow = np.empty(nseq * n_heads * T)
         for t in prange(nseq * n_heads):
             attention_direct_task(q, T, d, n_heads, causal, t, srow)
     else:
-        # 3. attention per (sequence, head, query tile), head by head, costly tiles first
+        # 2. attention per (sequence, head, query tile), head by head, costly tiles first
         nqt = (T + BQ - 1) // BQ
         for t in prange(nseq * n_heads * nqt):
             attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
 
-    # 4. out = H + out_concat @ W_O  (out_concat sits in the Q columns of q).  The
+    # 3. out = H + out_concat @ W_O  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
     # T=4096 that keeps 12 MiB off the peak
     out3 = np.empty(H3.shape, dtype=H3.dtype)
     out = out3.reshape(out3.size)
-    npo = (d + NR - 1) // NR
+    npo = panels(d, NR)
     mc, groups = stage_grid(rows, npo, MC, nthr)
     nrb = (rows + mc - 1) // mc
     for t in prange(nrb * groups):
@@ -491,7 +421,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
         gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
 
-    # 5. FFN
+    # 4. FFN
     if nthr > 1 and rows <= MF * nthr:
         # few rows for the threads: the hidden layer whole, in two GEMM stages split by
         # columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
@@ -505,7 +435,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
                 copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
         ldh = dff + 64 // Wf.itemsize      # a cache line past 4 KiB multiples (ffn_tile)
         hid = np.empty(rows * ldh, dtype=dt)
-        np1 = (dff + NR - 1) // NR
+        np1 = panels(dff, NR)
         for t in prange(np1):
             ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
         for t in prange(npo):

@@ -1,0 +1,102 @@
+"""Where things are: the panel, stride and task arithmetic of the kernels, in one place.
+
+    panels       column panels of NR that hold n columns
+    kt_len       elements of one head's packed K^T (pack_kt's panels of NR keys)
+    v_stride     row stride of one head's packed V (d_k rounded up to NR)
+    packed_len   elements of a packed (K, N) weight in the flat weight buffer
+    weight_layout  offsets of every weight in that buffer
+    rows_per_task, stage_grid, task_tile   how a stage of the block splits into tasks
+"""
+
+from __future__ import annotations
+
+from .isa import MR
+from .options import kernel
+
+
+@kernel
+def panels(n, NR):
+    """Column panels of NR that hold n columns (the last one padded)."""
+    return (n + NR - 1) // NR
+
+
+@kernel
+def kt_len(T, dk, NR):
+    """Elements of one head's packed K^T: panels of NR keys, d_k rows each."""
+    return panels(T, NR) * dk * NR
+
+
+@kernel
+def v_stride(dk, NR):
+    """Row stride of one head's packed V: d_k rounded up to NR, zeros past d_k."""
+    return panels(dk, NR) * NR
+
+
+@kernel
+def packed_len(K, N, NR):
+    """Elements a packed (K, N) matrix takes in the flat weight buffer: its panels,
+    rounded up to a whole number of 64-byte lines (16 float32 / 8 float64 elements, so
+    16 serves both)."""
+    return (panels(N, NR) * K * NR + 15) // 16 * 16
+
+
+@kernel
+def weight_layout(d, dff, NR):
+    """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
+    o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
+    W_2, then b1, b2, gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
+    def up(x):
+        return (x + 15) // 16 * 16
+    o_qkv = 0
+    o_o = o_qkv + 3 * packed_len(d, d, NR)
+    o_1 = o_o + packed_len(d, d, NR)
+    o_2 = o_1 + packed_len(d, dff, NR)
+    o_b1 = o_2 + packed_len(dff, d, NR)
+    o_b2 = o_b1 + up(dff)
+    o_g1 = o_b2 + up(d)
+    o_be1 = o_g1 + up(d)
+    o_g2 = o_be1 + up(d)
+    o_be2 = o_g2 + up(d)
+    total = o_be2 + up(d)
+    return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
+
+
+@kernel
+def rows_per_task(rows, cap, nthr):
+    """Rows per task for a stage over ``rows`` rows: at most ``cap``, a multiple of the
+    micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
+    no thread idles at the end (128 rows in 48-row tasks left one of two cores idle for
+    a third of the FFN)."""
+    ntask = (rows + cap - 1) // cap
+    ntask = (ntask + nthr - 1) // nthr * nthr
+    per = (rows + ntask - 1) // ntask
+    return max(MR, (per + MR - 1) // MR * MR)
+
+
+@kernel
+def stage_grid(rows, npanels, cap, nthr):
+    """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
+    splits into tasks: (rows per task, panel groups); task_tile numbers them.
+
+    With threads to spare (rows <= cap * nthr: at most one row block a thread), every
+    task takes all the rows and one panel: each weight is then streamed by one thread
+    only, and the many equal tasks balance the cores, where row blocks rounded to the
+    micro-tile left one thread up to a tile-row behind (d_model=384, T=64: 64 rows in
+    tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
+    nthr of them, each split into column groups when there are few (a serial call gains
+    nothing from the split)."""
+    if nthr > 1 and rows <= cap * nthr:
+        return rows, npanels
+    mc = rows_per_task(rows, cap, nthr)
+    nrb = (rows + mc - 1) // mc
+    return mc, 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
+
+
+@kernel
+def task_tile(t, groups, mc, rows, npanels):
+    """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
+    of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
+    keeps both cores busy when there are fewer row blocks than threads."""
+    r0 = (t // groups) * mc
+    g = t % groups
+    return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
