@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tblock import BlockConfig, init_weights
-from tblock import components as C
+from tblock.backends import components as C
 from tblock import report
 
 # (d_model, n_heads) of the sweep; the lesson's toy block is added at its own T=4

@@ -1,5 +1,5 @@
 """One benchmark per (backend, d_model, T, component): layernorm, masked softmax, the
-attention core, the attention and FFN sublayers and the whole block (tblock.components).
+attention core, the attention and FFN sublayers and the whole block (tblock.backends.components).
 
 Grouped by component and size, so each pytest-benchmark table compares the backends on
 the same work; ``--benchmark-group-by=param:case`` or the JSON's extra_info regroup it.

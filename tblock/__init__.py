@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # 0.41 s, 27 -> 96 MiB; the first compiled call still adds ~60 MiB for LLVM's JIT.
 # Compiling happens on first use or in warmup(), never at import.
 try:
-    from . import _numba_backend as _default_backend
+    from .backends import numba as _default_backend
 except Exception:                   # Numba missing or broken, or a bad TBLOCK_ISA: the numpy
     _default_backend = None         # and c backends still run; forward(backend="numba") says why
 
@@ -40,7 +40,7 @@ def isa() -> str:
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the default "numba" backend
     for float32 and float64, so that no later call pays for compilation."""
-    from ._numba_backend import warmup as _warmup
+    from .backends.numba import warmup as _warmup
     _warmup()
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The block API: validate the arguments once, then dispatch to a backend.
 
-Backends live in their own modules and share one entry point,
+Backends live in tblock.backends, one module each, and share one entry point,
 ``forward_batch(H, weights, cfg, trace) -> (H_out, trace_dict | None)``, where
 ``H`` is a read-only C-contiguous (B, T, d_model) float32/float64 array and
 ``weights`` has already been checked against ``cfg``. Everything a user can get
@@ -14,16 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends import BACKEND_MODULES, DEFAULT_BACKEND, REFERENCES
 from .config import BlockConfig
 from .weights import BlockWeights, as_float_array, check_finite, init_weights
-
-# backend name -> module implementing forward_batch; imported on first use
-BACKEND_MODULES = {
-    "numpy": "tblock.oracle",
-    "numba": "tblock._numba_backend",
-    "c": "tblock._c_backend",
-}
-DEFAULT_BACKEND = "numba"
 
 # lesson names of the intermediates, in the order the block computes them (Pre-LN)
 TRACE_NAMES = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid",
@@ -58,9 +51,12 @@ class Trace:
 
 
 def available_backends() -> list[str]:
-    """Backends that can run in this installation."""
+    """tblock's own backends that can run in this installation (outside references such as
+    "torch" are left out; forward still takes them by name)."""
     out = []
     for name in BACKEND_MODULES:
+        if name in REFERENCES:
+            continue
         try:
             get_backend(name)
         except BackendUnavailable:
@@ -76,10 +72,13 @@ def get_backend(name):
     module = _LOADED.get(name)          # the hot path: one dict lookup per forward
     if module is not None:
         return module
-    if not isinstance(name, str):
-        raise TypeError(f"backend must be a str, one of {tuple(BACKEND_MODULES)}, got {type(name).__name__}")
-    if name not in BACKEND_MODULES:
-        raise ValueError(f"backend must be one of {tuple(BACKEND_MODULES)}, got {name!r}")
+    if not isinstance(name, str) or name not in BACKEND_MODULES:
+        own = tuple(b for b in BACKEND_MODULES if b not in REFERENCES)
+        refs = ", ".join(repr(b) for b in REFERENCES)
+        if not isinstance(name, str):
+            raise TypeError(f"backend must be a str, one of {own} (or a reference: {refs}), "
+                            f"got {type(name).__name__}")
+        raise ValueError(f"backend must be one of {own}, got {name!r} (or a reference: {refs})")
     try:
         module = importlib.import_module(BACKEND_MODULES[name])
     except ModuleNotFoundError as e:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .api import TRACE_NAMES, Stack, Trace, check_input, forward
 from .config import BlockConfig
-from .oracle import causal_mask, ffn, layernorm, softmax_rows
+from .backends.numpy import ffn, head_mix, head_probs, layernorm, masked_softmax
 from .weights import BlockWeights
 
 POINTS = ("embed", "attn", "attn_out", "ffn_out")
@@ -69,21 +69,11 @@ def dropout(X, p: float, rng: np.random.Generator) -> np.ndarray:
 
 def _attention_train(X, w, cfg, p, rng, points, tr):
     """MHA(X) with dropout on the probabilities ("attn") and on the W_O output ("attn_out")."""
-    T = X.shape[0]
     Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]      # (T, d_model) each
-    scale = 1.0 / np.sqrt(cfg.d_k)
-    allowed = causal_mask(T) if cfg.causal else np.ones((T, T), dtype=bool)
-    A = np.zeros((cfg.n_heads, T, T))
-    for h in range(cfg.n_heads):
-        cols = slice(h * cfg.d_k, (h + 1) * cfg.d_k)        # head h's d_k columns
-        S = np.where(allowed, Q[:, cols] @ K[:, cols].T * scale, -np.inf)   # (T, T)
-        A[h] = softmax_rows(S)
+    A = head_probs(Q, K, cfg.n_heads, masked_softmax(cfg, X.shape[0]))
     if "attn" in points:
         A = dropout(A, p, rng)                              # (n_heads, T, T), one mask for all heads
-    out_concat = np.zeros_like(Q)
-    for h in range(cfg.n_heads):
-        cols = slice(h * cfg.d_k, (h + 1) * cfg.d_k)
-        out_concat[:, cols] = A[h] @ V[:, cols]             # (T, d_k) into its slice
+    out_concat = head_mix(A, V, Q.dtype)
     A_out = out_concat @ w["w_o"]
     if "attn_out" in points:
         A_out = dropout(A_out, p, rng)

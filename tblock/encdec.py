@@ -30,7 +30,7 @@ import numpy as np
 from .analysis import without_attention
 from .api import check_input, forward
 from .config import BlockConfig
-from .oracle import layernorm, softmax_rows
+from .backends.numpy import head_mix, head_probs, layernorm, softmax_rows
 from .weights import BlockWeights, as_float_array, check_finite, init_weights
 
 CROSS_MATRICES = ("w_q", "w_k", "w_v", "w_o")
@@ -116,12 +116,8 @@ def cross_attention(Y, E, cross: CrossWeights, cfg: BlockConfig):
     Q = Y @ cross.w_q                                       # (T_dec, d_model)
     K, V = E @ cross.w_k, E @ cross.w_v                     # (T_enc, d_model) each
     scale = 1.0 / np.sqrt(cfg.d_k)
-    out_concat = np.zeros_like(Q)
-    A = np.zeros((cfg.n_heads, Y.shape[0], E.shape[0]))
-    for h in range(cfg.n_heads):
-        cols = slice(h * cfg.d_k, (h + 1) * cfg.d_k)        # head h's d_k columns
-        A[h] = softmax_rows(Q[:, cols] @ K[:, cols].T * scale)   # (T_dec, T_enc)
-        out_concat[:, cols] = A[h] @ V[:, cols]             # (T_dec, d_k) into its slice
+    A = head_probs(Q, K, cfg.n_heads, lambda S: softmax_rows(S * scale))    # (n_heads, T_dec, T_enc)
+    out_concat = head_mix(A, V, Q.dtype)                    # (T_dec, d_model)
     return out_concat @ cross.w_o, A
 
 

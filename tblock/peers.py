@@ -26,6 +26,7 @@ import warnings
 
 import numpy as np
 
+from .backends.torch import torch_module
 from .config import BlockConfig
 from .weights import BlockWeights
 
@@ -124,108 +125,7 @@ def _batched(run):
 
 
 # ---------------------------------------------------------------------------------------
-# torch: nanoGPT's model.py modules
-
-@functools.cache
-def _torch_classes():
-    """nanoGPT's Block and its parts, defined on first use (torch is imported only then)."""
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class LayerNorm(nn.Module):
-        """nanoGPT's LayerNorm; weight and bias None without affine (the lesson's default)."""
-
-        def __init__(self, d, eps):
-            super().__init__()
-            self.d, self.eps = d, eps
-            self.weight = self.bias = None
-
-        def forward(self, x):
-            return F.layer_norm(x, (self.d,), self.weight, self.bias, self.eps)
-
-    class CausalSelfAttention(nn.Module):
-
-        def __init__(self, cfg):
-            super().__init__()
-            self.d, self.n_head, self.causal = cfg.d_model, cfg.n_heads, cfg.causal
-            # key, query, value projections for all heads, in one batch
-            self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-            self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-
-        def core(self, q, k, v):
-            # q, k, v: (B, T, C) -> (B, nh, T, hs); the flash kernel skips masked tiles when causal
-            B, T, C = q.size()
-            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=self.causal)
-            return y.transpose(1, 2).contiguous().view(B, T, C)     # re-assemble all head outputs
-
-        def forward(self, x):
-            q, k, v = self.c_attn(x).split(self.d, dim=2)
-            return self.c_proj(self.core(q, k, v))
-
-    class MLP(nn.Module):
-
-        def __init__(self, cfg):
-            super().__init__()
-            self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.ffn_bias)
-            self.act = {"gelu_tanh": nn.GELU(approximate="tanh"), "gelu_erf": nn.GELU(),
-                        "relu": nn.ReLU()}[cfg.activation]
-            self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.ffn_bias)
-
-        def forward(self, x):
-            return self.c_proj(self.act(self.c_fc(x)))
-
-    class Block(nn.Module):
-
-        def __init__(self, cfg):
-            super().__init__()
-            self.pre = cfg.norm == "pre"
-            self.ln_1, self.attn = LayerNorm(cfg.d_model, cfg.eps), CausalSelfAttention(cfg)
-            self.ln_2, self.mlp = LayerNorm(cfg.d_model, cfg.eps), MLP(cfg)
-
-        def forward(self, x):
-            if self.pre:
-                x = x + self.attn(self.ln_1(x))
-                return x + self.mlp(self.ln_2(x))
-            x = self.ln_1(x + self.attn(x))
-            return self.ln_2(x + self.mlp(x))
-
-    return Block
-
-
-def torch_module(w: BlockWeights, cfg: BlockConfig, dtype=np.float32):
-    """nanoGPT's Block for ``cfg`` holding ``w`` (in ``dtype``), in eval mode.
-    ``block.attn.core``, ``block.mlp``, ``block.ln_1`` are its parts (tblock.components times them)."""
-    import torch
-    import torch.nn as nn
-
-    if not isinstance(cfg, BlockConfig):
-        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
-    w.check(cfg)
-    dtype = np.dtype(dtype)
-    a = w.arrays()
-
-    def t(x):
-        # a private C-ordered copy: torch tensors must not share BlockWeights' read-only arrays
-        return torch.from_numpy(np.array(x, dtype=dtype, order="C", copy=True))
-
-    block = _torch_classes()(cfg).to(getattr(torch, dtype.name))       # float32 or float64
-    for ln, n in ((block.ln_1, "ln1"), (block.ln_2, "ln2")):
-        if f"{n}_gamma" in a:
-            ln.weight, ln.bias = nn.Parameter(t(a[f"{n}_gamma"])), nn.Parameter(t(a[f"{n}_beta"]))
-    with torch.no_grad():
-        # nn.Linear computes x @ W.T: it stores our row-convention (in, out) matrices transposed
-        block.attn.c_attn.weight.copy_(t(np.concatenate([a["w_q"], a["w_k"], a["w_v"]], axis=1).T))
-        block.attn.c_proj.weight.copy_(t(a["w_o"].T))
-        block.mlp.c_fc.weight.copy_(t(a["w_ff1"].T))
-        block.mlp.c_proj.weight.copy_(t(a["w_ff2"].T))
-        if cfg.ffn_bias:
-            block.mlp.c_fc.bias.copy_(t(a["b_ff1"]))
-            block.mlp.c_proj.bias.copy_(t(a["b_ff2"]))
-    return block.eval()
-
+# torch: nanoGPT's model.py modules, the "torch" backend's (tblock.backends.torch)
 
 def _torch_threads(threads):
     import torch

@@ -1,7 +1,7 @@
 """``tblock report``: where the time of one block goes, and where attention overtakes the FFN.
 
 The report measures the machine's GEMM ceilings, then sweeps the sequence length T for one
-block config and times every component (tblock.components) of every backend separately,
+block config and times every component (tblock.backends) of every backend separately,
 next to the FLOPs tblock.flops gives for it. It writes a folder (report.md, report.json,
 PNG plots) and prints a summary. The FLOP model says scores + AV (4 T^2 d_model for the full
 square, about half that causal) catch up with the FFN's 4 T d_model d_ff at T = d_ff
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import api, components, peers
-from .components import COMPONENTS, component_flops, sublayer_crossover_T
+from . import api, peers
+from .backends import REFERENCES, components
+from .backends.components import COMPONENTS, component_flops, sublayer_crossover_T
 from .config import BlockConfig
 from .counting import crossover_T, param_count
 from .weights import init_weights
@@ -1223,7 +1224,7 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
         clock["ceilings_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         data["worked_example"] = {b: [[q, _jsonable(lesson), _jsonable(ours)] for q, lesson, ours
-                                      in worked_example_rows(b)] for b in opts.backends if b in api.BACKEND_MODULES}
+                                      in worked_example_rows(b)] for b in opts.backends if b not in REFERENCES}
         clock["worked_example_s"] = time.perf_counter() - t0
         n_peers = len(peers.PEERS if opts.peers is None else opts.peers)
         steps = len(opts.T_list) * (len(opts.backends) * len(COMPONENTS) + n_peers)

@@ -8,7 +8,8 @@ import pytest
 from scipy.special import erf
 
 import tblock
-from tblock import analysis, oracle
+from tblock import analysis
+from tblock.backends import numpy as oracle
 
 BACKENDS = tblock.available_backends()
 EX = tblock.load_worked_example()

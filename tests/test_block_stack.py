@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import oracle
+from tblock.backends import numpy as oracle
 
 CFG = tblock.BlockConfig(d_model=16, n_heads=4)
 

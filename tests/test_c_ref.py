@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tblock
-from tblock import _c_backend as cb
-from tblock import oracle
+from tblock.backends import c as cb
+from tblock.backends import numpy as oracle
 from tblock.api import TRACE_NAMES
 
 TOL = 1e-12

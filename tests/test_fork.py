@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tblock import _numba_backend as nb
+from tblock.backends import numba as nb
 
 SCRIPT = r'''
 import multiprocessing as mp, sys
@@ -29,7 +29,8 @@ def child(q):
     q.put(run())
 
 def probe(q):
-    from tblock import _numba_backend as nb, _runtime
+    from tblock import _runtime
+    from tblock.backends import numba as nb
     try:
         nb.parallel_call(lambda: None)
         q.put((_runtime.serial_only(), "ran"))

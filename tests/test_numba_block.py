@@ -250,7 +250,7 @@ def test_block_bitwise_the_same_for_any_thread_count(case, T, nthr, dtype):
     """The task grid depends on the thread count (stage_grid; the FFN's hidden layer whole
     or in row tiles), but the order of no sum does: the parallel block sized for nthr
     threads gives the serial block's bits, short sequences and long (rows > MF * nthr)."""
-    from tblock import _numba_backend as nb
+    from tblock.backends import numba as nb
     from tblock.kernels.block import block_parallel, block_serial
     cfg, _, B, _, seed = case
     H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)

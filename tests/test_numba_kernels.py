@@ -9,7 +9,7 @@ import pytest
 from numba import njit
 
 import tblock
-from tblock import oracle
+from tblock.backends import numpy as oracle
 from tblock.kernels import isa
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
 from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import _numba_backend as nb
+from tblock.backends import numba as nb
 
 
 def test_four_threads_give_the_serial_results():

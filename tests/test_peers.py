@@ -148,3 +148,24 @@ def test_compare_peers_script_at_a_tiny_size(tmp_path):
     assert data["isa"]["name"] == tblock.isa() and data["isa"]["vector_bytes"] in (16, 32, 64)
     assert data["cpu"]["model"] and data["versions"]["numba"] and data["threads"]["numba"] >= 1
     assert data["measured_fma_peak_gflops"] > 0 and data["fma_loop"]["lanes"] == data["isa"]["vector_bytes"] // 4
+
+
+@pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backend_torch_is_the_oracles_block_with_its_trace(kw, dtype):
+    """The "torch" backend (tblock.backends.torch): forward and its trace by name, when torch
+    is installed; a BackendUnavailable naming torch when it is not."""
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2, **kw)
+    w = tblock.init_weights(cfg, seed=4, dtype=dtype)
+    H = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(dtype)
+    if not peers.peer_status("torch")[0]:
+        with pytest.raises(tblock.BackendUnavailable, match="torch"):
+            tblock.forward(H, w, cfg, backend="torch")
+        return
+    out, tr = tblock.forward(H, w, cfg, backend="torch", trace=True)
+    ref, tr_ref = tblock.forward(H, w, cfg, backend="numpy", trace=True)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert out.dtype == dtype and peers.max_rel_error(out, ref) < tol
+    for name in tblock.api.TRACE_NAMES:
+        assert peers.max_rel_error(getattr(tr, name), getattr(tr_ref, name)) < tol, name
+    assert "torch" not in tblock.available_backends()      # an outside reference, taken by name only

@@ -10,7 +10,8 @@ import struct
 import pytest
 
 import tblock
-from tblock import cli, components, report
+from tblock import cli, report
+from tblock.backends import components
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # a tiny sweep: every available backend, three T, minimal repeats, small ceiling GEMMs
@@ -34,7 +35,7 @@ def tiny_report(tmp_path_factory):
 
 
 def expected_component_flops(cfg, T):
-    """The components' FLOPs written out from tblock.flops, independently of tblock.components."""
+    """The components' FLOPs written out from tblock.flops, independently of tblock.backends.components."""
     fc = tblock.flops(cfg, T)
     out = {}
     for kind, c in (("full", fc.full), ("causal", fc.causal)):

@@ -1,12 +1,12 @@
-"""tblock.components: every backend's separately timed pieces compute what the oracle does,
+"""tblock.backends.components: every backend's separately timed pieces compute what the oracle does,
 so the report times the right work; and a component a backend lacks is n/a, not an error."""
 
 import numpy as np
 import pytest
 
 import tblock
-from tblock import components as C
-from tblock import oracle
+from tblock.backends import components as C
+from tblock.backends import numpy as oracle
 
 BACKENDS = C.available_backends()
 CONFIGS = [
@@ -17,7 +17,7 @@ CONFIGS = [
 
 
 def oracle_outputs(cfg, w, inputs):
-    """Each component computed straight from tblock.oracle in float64."""
+    """Each component computed straight from the oracle (tblock.backends.numpy) in float64."""
     w64 = {k: a.astype(np.float64) for k, a in w.arrays().items()}
     X = inputs["block"][0].astype(np.float64)
     S = inputs["softmax"][0].astype(np.float64)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import oracle
+from tblock.backends import numpy as oracle
 
 
 def test_exercise1_shapes(backend, rng):

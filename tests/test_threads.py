@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import _numba_backend as nb
+from tblock.backends import numba as nb
 
 POOL = numba.config.NUMBA_NUM_THREADS
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import oracle
+from tblock.backends import numpy as oracle
 from tblock.report import entropy_bits
 
 EX = tblock.load_worked_example()

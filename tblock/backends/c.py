@@ -1,5 +1,7 @@
 """Backend "c": the plain C99 reference in c_ref/, called through cffi (``tblock._cref``).
 
+``components`` times the C entry points one by one through the same raw calls.
+
 ``forward_batch`` is the backend entry point (see tblock/api.py). The ``*_raw`` functions
 pass their arguments to the C entry points as they are, bad ones included, so tests can
 reach the C argument checks; a C error status comes back as :class:`CRefError` (a
@@ -17,7 +19,7 @@ import importlib
 
 import numpy as np
 
-from .api import TRACE_NAMES, BackendUnavailable
+from ..api import TRACE_NAMES, BackendUnavailable
 
 EXTENSION = "tblock._cref"
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
@@ -248,3 +250,58 @@ def forward_batch(H: np.ndarray, weights, cfg, trace: bool):
     tr = {name: np.full(shape, np.nan) for name, shape in trace_shapes(B, T, cfg).items()} if trace else None
     call_block_forward_raw(out, H64, B, T, fields, w, scratch, tr)
     return out, tr
+
+
+def components(cfg, weights, dtype):
+    """The C reference's own entry points: outputs are allocated once per shape, so a timed
+    call is the cast to float64 (C computes in double only, as forward_batch does) plus the C work."""
+    from .components import ComponentSet, block_fn
+
+    cs = ComponentSet("c", cfg, dtype, np.dtype(np.float64))
+    cs.missing["attention"] = ("the C reference exposes no projection (matmul) entry point, only "
+                               "tb_attention_head (the core) and the whole block")
+    fields = config_fields(cfg)
+    w64 = _float64_weights(weights)
+    d, f = cfg.d_model, cfg.d_ff
+    buffers = {}
+
+    def bufs(key, *shapes):
+        # per-shape outputs, made on the warm-up call, never inside a timed one
+        if key not in buffers:
+            buffers[key] = [np.empty(s) for s in shapes]
+        return buffers[key]
+
+    def f64(a):
+        return np.ascontiguousarray(a, dtype=np.float64)
+
+    def layernorm(X):
+        [out] = bufs(("ln", X.shape[0]), (X.shape[0], d))
+        layernorm_rows_raw(out, f64(X), X.shape[0], d, w64.get("ln1_gamma"), w64.get("ln1_beta"), cfg.eps)
+        return out
+
+    def softmax(S):
+        S = f64(S)
+        [out] = bufs(("sm",) + S.shape, S.shape)
+        for h in range(S.shape[0]):         # the C function masks by row index: one head per call
+            masked_softmax_rows_raw(out[h], S[h], S.shape[1], S.shape[2], int(cfg.causal))
+        return out
+
+    def attention_core(Q, K, V):
+        Q, K, V = f64(Q), f64(K), f64(V)
+        T = Q.shape[0]
+        out, A, S = bufs(("core", T), (T, d), (T, T), (T, T))
+        for h in range(cfg.n_heads):
+            attention_head_raw(out, A, S, Q, K, V, T, h, fields)
+        return out
+
+    def ffn(X):
+        T = X.shape[0]
+        out, pre, post = bufs(("ffn", T), (T, d), (T, f), (T, f))
+        ffn_raw(out, pre, post, f64(X), T, fields, w64)
+        return out
+
+    cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core, ffn=ffn,
+                  block=block_fn("c", cfg, weights))
+    cs.notes.append("the C reference computes in float64 (inputs are cast inside each timed call) and "
+                    "fills the full T x T score square, masked entries included")
+    return cs

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import erf
 
-from .config import BlockConfig
-from .weights import BlockWeights
+from ..config import BlockConfig
+from ..weights import BlockWeights
 
 
 def layernorm(X, gamma=None, beta=None, eps=1e-5):
@@ -51,20 +51,49 @@ def relu(x):
 ACTIVATION = {"gelu_tanh": gelu_tanh, "gelu_erf": gelu_erf, "relu": relu}
 
 
+def head_probs(Q, K, n_heads, probs, dtype=np.float64):
+    """A[h] = probs(Q_h K_h^T) for each head h, where Q_h, K_h are its d_k columns; every
+    attention in the package (self, cross, with dropout, the trace paths) starts here."""
+    d_k = Q.shape[1] // n_heads
+    A = np.empty((n_heads, Q.shape[0], K.shape[0]), dtype=dtype)
+    for h in range(n_heads):
+        cols = slice(h * d_k, (h + 1) * d_k)                # head h's d_k columns
+        A[h] = probs(Q[:, cols] @ K[:, cols].T)             # (T_q, T_k)
+    return A
+
+
+def head_mix(A, V, dtype):
+    """out_concat: head h's A[h] @ V_h written into its own d_k columns."""
+    n_heads, T, _ = A.shape
+    d_k = V.shape[1] // n_heads
+    out = np.empty((T, V.shape[1]), dtype=dtype)
+    for h in range(n_heads):
+        cols = slice(h * d_k, (h + 1) * d_k)
+        out[:, cols] = A[h] @ V[:, cols]                    # (T, d_k) into its slice
+    return out
+
+
+def allowed(cfg, T):
+    """Which keys each query may look at: the causal triangle, or every key."""
+    return causal_mask(T) if cfg.causal else np.ones((T, T), dtype=bool)
+
+
+def masked_softmax(cfg, T):
+    """The lesson's probabilities for raw (T, T) scores: scale, mask, row softmax."""
+    scale, keep = 1.0 / np.sqrt(cfg.d_k), allowed(cfg, T)
+    return lambda S: softmax_rows(np.where(keep, S * scale, -np.inf))   # masked keys: exp(-inf) = 0
+
+
+def attention_core(Q, K, V, cfg):
+    """Per head: score -> mask -> softmax -> weighted sum; returns out_concat and A."""
+    A = head_probs(Q, K, cfg.n_heads, masked_softmax(cfg, Q.shape[0]))
+    return head_mix(A, V, Q.dtype), A
+
+
 def attention(X, w, cfg, trace):
-    """MHA(X): per head, score -> mask -> softmax -> weighted sum; concat; W_O."""
-    T = X.shape[0]
+    """MHA(X): the per-head core on X's projections, concatenated, then W_O."""
     Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]      # (T, d_model) each
-    scale = 1.0 / np.sqrt(cfg.d_k)
-    allowed = causal_mask(T) if cfg.causal else np.ones((T, T), dtype=bool)
-    out_concat = np.zeros_like(Q)
-    A = np.zeros((cfg.n_heads, T, T))
-    for h in range(cfg.n_heads):
-        cols = slice(h * cfg.d_k, (h + 1) * cfg.d_k)        # head h's d_k columns
-        S = Q[:, cols] @ K[:, cols].T * scale               # (T, T) scores
-        S = np.where(allowed, S, -np.inf)                   # masked keys get exp(-inf) = 0
-        A[h] = softmax_rows(S)
-        out_concat[:, cols] = A[h] @ V[:, cols]             # (T, d_k) into its slice
+    out_concat, A = attention_core(Q, K, V, cfg)
     A_out = out_concat @ w["w_o"]
     trace.update(Q=Q, K=K, V=V, A=A, out_concat=out_concat, A_out=A_out)
     return A_out
@@ -120,3 +149,30 @@ def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace:
     if not trace:
         return H_out, None
     return H_out, {k: np.stack([tr[k] for tr in traces]) for k in traces[0]}
+
+
+def components(cfg, weights, dtype):
+    """The oracle's own functions as timed components, in float64 as forward_batch runs them."""
+    from .components import ComponentSet, block_fn
+
+    cs = ComponentSet("numpy", cfg, dtype, np.dtype(np.float64))
+    cs.notes.append("the numpy oracle computes in float64 whatever the input dtype, "
+                    "and always fills the full T x T score square")
+    w = {k: a.astype(np.float64) for k, a in weights.arrays().items()}
+    ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
+
+    def layernorm_(X):
+        return layernorm(X.astype(np.float64), *ln1, eps=cfg.eps)
+
+    def softmax(S):
+        # the oracle's per-head step on scores that already carry the 1/sqrt(d_k) scale
+        keep = allowed(cfg, S.shape[-1])
+        return np.stack([softmax_rows(np.where(keep, s, -np.inf)) for s in S.astype(np.float64)])
+
+    def attention_core_(Q, K, V):
+        return attention_core(Q.astype(np.float64), K.astype(np.float64), V.astype(np.float64), cfg)[0]
+
+    cs.fns.update(layernorm=layernorm_, softmax=softmax, attention_core=attention_core_,
+                  attention=lambda X: attention(X.astype(np.float64), w, cfg, {}),
+                  ffn=lambda X: ffn(X.astype(np.float64), w, cfg, {}), block=block_fn("numpy", cfg, weights))
+    return cs

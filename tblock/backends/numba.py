@@ -23,13 +23,21 @@ import threading
 import numba
 import numpy as np
 
-from . import _runtime
-from .kernels.activations import ACTIVATION_CODES, bias_act_rows
-from .kernels.block import block_parallel, block_serial, packed_len, weight_layout
-from .kernels.gemm import pack_b, packed_size, panel_width
-from .kernels.layernorm import layernorm_rows
-from .kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
-from .kernels.validate import all_finite
+from numba import njit, prange
+
+from .. import _runtime
+from ..config import BlockConfig
+from ..counting import flops
+from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
+from ..kernels.block import (KC, MC, MF, attention_core, block_parallel, block_serial, ffn_tile, packed_len,
+                             rows_per_task, task_tile, weight_layout)
+from ..kernels.gemm import gemm_block, pack_b, packed_size, panel_width
+from ..kernels.layernorm import layernorm_rows
+from ..kernels.options import JIT
+from ..kernels.simd import panel_lanes
+from ..kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
+from ..kernels.validate import all_finite
+from .numpy import head_mix, head_probs
 
 _PARALLEL_LOCK = threading.Lock()
 
@@ -40,7 +48,6 @@ _PARALLEL_LOCK = threading.Lock()
 PARALLEL_MIN_FLOPS = 2_000_000
 
 _KEY = "numba-packed"
-_ACT = ACTIVATION_CODES
 
 
 def _aligned_empty(n: int, dtype) -> np.ndarray:
@@ -49,6 +56,12 @@ def _aligned_empty(n: int, dtype) -> np.ndarray:
     raw = np.empty(n + 64 // dtype.itemsize, dtype=dtype)
     start = (-raw.ctypes.data % 64) // dtype.itemsize
     return raw[start:start + n]
+
+
+def _packed(weights, dtype) -> np.ndarray:
+    """The packed weights of ``dtype``, built once per BlockWeights."""
+    dtype = np.dtype(dtype)
+    return weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
 
 
 def _pack_weights(weights, dtype) -> np.ndarray:
@@ -79,14 +92,16 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     return flat
 
 
-def _flop_terms(d: int, dff: int) -> tuple[int, int]:
-    """A forward pass costs B*T*(per_row + per_key * (T + 1 if causal else 2T)) FLOPs:
-    the projections and the FFN per row, scores and A V per visible key."""
-    return 8 * d * d + 4 * d * dff, 2 * d
+def _flop_terms(cfg) -> tuple[int, int]:
+    """tblock.flops' matmuls as (per_row, per_key): a forward pass costs
+    B*T*(per_row + per_key * (T + 1 if causal else 2T)) FLOPs, the projections and the FFN
+    per row, scores and A V per visible key (at T=1 the full square is one key, counted 2T)."""
+    one = flops(cfg, 1)
+    return one.full["qkv"] + one.full["out_proj"] + one.ffn_matmul_flops, one.attention_core() // 2
 
 
 def _block_flops(B: int, T: int, d: int, dff: int, causal: bool) -> int:
-    per_row, per_key = _flop_terms(d, dff)
+    per_row, per_key = _flop_terms(BlockConfig(d_model=d, n_heads=1, d_ff=dff))
     return B * T * (per_row + per_key * (T + 1 if causal else 2 * T))
 
 
@@ -98,10 +113,8 @@ CHECKS_FINITE = True
 def _plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then _flop_terms)."""
-    key = (_KEY, dtype.char)
-    flat = weights.prepared(key, lambda w: _pack_weights(w, dtype))
-    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", _ACT[cfg.activation], cfg.eps)
-    return (cfg, flat, scalars) + _flop_terms(cfg.d_model, cfg.d_ff)
+    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps)
+    return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
 def forward_batch(H, weights, cfg, trace):
@@ -180,24 +193,22 @@ def _forward_trace(H, weights, cfg):
     non-matmul parts (LayerNorm, masked softmax, bias + activation)."""
     dt = H.dtype
     w = _trace_weights(weights, dt)
-    B, T, d = H.shape
-    nh, dk = cfg.n_heads, cfg.d_k
-    scale = 1.0 / np.sqrt(dk)
+    B = H.shape[0]
+    nh, kind = cfg.n_heads, CAUSAL if cfg.causal else NO_MASK
+    scale = 1.0 / np.sqrt(cfg.d_k)
     tr = {}
     dummy_add = np.zeros((1, 1))
     dummy_keep = np.zeros((1, 1), dtype=np.bool_)
 
+    def probs(S):
+        A = np.empty_like(S)
+        masked_softmax_rows(np.ascontiguousarray(S), scale, kind, dummy_add, dummy_keep, A)
+        return A
+
     def attention(X):
         Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
-        A = np.empty((B, nh, T, T), dtype=dt)
-        oc = np.empty((B, T, d), dtype=dt)
-        for b in range(B):
-            for h in range(nh):
-                cols = slice(h * dk, (h + 1) * dk)
-                S = Q[b, :, cols] @ K[b, :, cols].T
-                masked_softmax_rows(np.ascontiguousarray(S), scale, CAUSAL if cfg.causal else NO_MASK,
-                                    dummy_add, dummy_keep, A[b, h])
-                oc[b, :, cols] = A[b, h] @ V[b, :, cols]
+        A = np.stack([head_probs(Q[b], K[b], nh, probs, dt) for b in range(B)])
+        oc = np.stack([head_mix(A[b], V[b], dt) for b in range(B)])
         A_out = oc @ w["w_o"]
         tr.update(Q=Q, K=K, V=V, A=A, out_concat=oc, A_out=A_out)
         return A_out
@@ -229,16 +240,104 @@ def _forward_trace(H, weights, cfg):
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel for float32 and float64: the
     serial and the parallel block and the trace path, so no later call compiles."""
-    from .config import BlockConfig
-    from .weights import init_weights
+    from ..weights import init_weights
     cfg = BlockConfig(d_model=8, n_heads=2)
     for dtype in (np.float32, np.float64):
         w = init_weights(cfg, seed=0, dtype=dtype)
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
-        flat = w.prepared((_KEY, np.dtype(dtype).char), lambda ww: _pack_weights(ww, dtype))
-        args = (H, flat, 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
+        args = (H, _packed(w, dtype), 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
         block_serial(*args, 1)
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included
+
+
+# ----------------------------------------------------------------------------- components
+# The fused block runs LN, QKV, attention, W_O, FFN and the residuals in one compiled call;
+# its attention core is exposed on its own (kernels.block.attention_core), and the
+# projections and the FFN are driven here with the block's own kernels, tiles and task split.
+
+# not cached: Numba's on-disk cache is keyed on this file alone, so after a change to the
+# kernels these drivers would keep the old kernels compiled in
+DRIVER_JIT = {**JIT, "cache": False}
+
+
+@njit(parallel=True, **DRIVER_JIT)
+def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc):
+    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), tiled like
+    the block's QKV and W_O stages: MC-row blocks, split by columns when few."""
+    NR = panel_lanes(Wf)
+    nrb = (rows + MC - 1) // MC
+    npn = (N + NR - 1) // NR
+    groups = min(npn, max(1, 8 // nrb))
+    for t in prange(nrb * groups):
+        r0, r1, p0, p1 = task_tile(t, groups, MC, rows, npn)
+        gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
+
+
+@njit(parallel=True, **DRIVER_JIT)
+def _ffn(X, Wf, rows, d, dff, act, out, nthr):
+    """The block's stage 5 without its LayerNorm and residual: the same row tiles
+    and the same ffn_tile (up-projection, bias + activation, down-projection + b_ff2)."""
+    mf = rows_per_task(rows, MF, nthr)
+    for t in prange((rows + mf - 1) // mf):
+        r0 = t * mf
+        ffn_tile(X, r0 * d, min(rows, r0 + mf) - r0, d, dff, Wf, act, out, r0 * d, False)
+
+
+def components(cfg, weights, dtype):
+    """The block's own kernels on the backend's own packed weights (one copy, one layout)."""
+    from .components import ComponentSet, block_fn
+
+    cs = ComponentSet("numba", cfg, dtype, dtype)
+    Wf = _packed(weights, dtype)
+    d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads
+    NR = panel_width(dtype)             # the panel width _pack_weights used
+    o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
+    act = ACTIVATION_CODES[cfg.activation]
+    no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)
+
+    def layernorm(X):
+        Y = np.empty_like(X)
+        layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, X.shape[0], d, Wf, o_g1, o_be1, cfg.eps)
+        return Y
+
+    def softmax(S):
+        out = np.empty_like(S)
+        kind = CAUSAL if cfg.causal else NO_MASK
+        for h in range(S.shape[0]):
+            masked_softmax_rows(S[h], 1.0, kind, no_add, no_keep, out[h])
+        return out
+
+    def core(Q, K, V):
+        # the block keeps Q, K, V as rows [Q | K | V] of one buffer: the copy in is O(T d)
+        rows = np.concatenate([Q, K, V], axis=1)
+        parallel_call(attention_core, rows.reshape(-1), Q.shape[0], d, n_heads, cfg.causal)
+        return rows[:, :d]
+
+    def attention(X):
+        T = X.shape[0]
+        qkv = np.empty(T * 3 * d, dtype=dtype)
+        step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
+        for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
+            parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
+        parallel_call(attention_core, qkv, T, d, n_heads, cfg.causal)
+        out = np.empty((T, d), dtype=dtype)
+        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
+        return out
+
+    def ffn(X):
+        out = np.empty_like(X)
+        parallel_call(_ffn, X.reshape(-1), Wf, X.shape[0], d, dff, act, out.reshape(-1), pass_threads=True)
+        return out
+
+    cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=core, attention=attention,
+                  ffn=ffn, block=block_fn("numba", cfg, weights))
+    cs.square = "causal"        # flash_rows never visits key tiles above the diagonal
+    cs.notes.append("numba: the block is one fused compiled call (tblock.forward); the attention core is "
+                    "the block's own kernels.block.attention_core; the projections and the FFN are driven "
+                    "here with the block's kernels and tiles (not cached: compiled on the first call); "
+                    "layernorm and softmax are the serial row kernels (the fused attention never "
+                    "materialises the scores: its online softmax runs on tiles)")
+    return cs

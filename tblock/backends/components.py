@@ -1,0 +1,176 @@
+"""Each backend's components as separately callable pieces, for timing them one by one.
+
+``prepare(backend, cfg, weights, dtype)`` returns a ``ComponentSet``: one callable per
+component the backend exposes, with the weights cast, fused and transposed once, up
+front, so a timed call does only the component's own work; each backend module builds its
+own set (its ``components`` function). A component a backend does not expose is listed in
+``missing`` with the reason ("n/a" in the reports), never an error.
+
+The components, and the input each callable takes (``make_inputs`` builds them):
+
+    layernorm       one LayerNorm of a (T, d_model) array            X
+    softmax         masked row softmax of (n_heads, T, T) scores     S
+    attention_core  scores -> mask -> softmax -> A V, all heads      Q, K, V  (T, d_model) each
+    attention       the MHA sublayer: QKV projection, the core,      X
+                    output projection (no LayerNorm, no residual)
+    ffn             the FFN sublayer: up, activation, down           X
+    block           the whole block: tblock.forward (for torch,      X
+                    the nanoGPT-style Block module)
+
+``attention_core`` is not a sublayer of its own but it is what ``tblock.crossover_T``
+models (scores + AV against the FFN's two matmuls), so timing it separately lets the
+measured crossover be compared with the FLOP model like for like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import api
+from ..config import BlockConfig
+from ..counting import flops
+from ..weights import BlockWeights
+from . import BACKEND_MODULES, DEFAULT_BACKEND
+
+COMPONENTS = ("layernorm", "softmax", "attention_core", "attention", "ffn", "block")
+# the default backend first: the ratios in the reports are taken against it
+BACKENDS = (DEFAULT_BACKEND,) + tuple(b for b in BACKEND_MODULES if b != DEFAULT_BACKEND)
+
+
+@dataclass
+class ComponentSet:
+    backend: str
+    cfg: BlockConfig
+    dtype: np.dtype                 # dtype of the inputs handed to every callable
+    compute_dtype: np.dtype         # dtype the backend computes in (the oracle: always float64)
+    fns: dict = field(default_factory=dict)       # component -> callable(*inputs)
+    missing: dict = field(default_factory=dict)   # component -> why it is n/a for this backend
+    notes: list = field(default_factory=list)     # anything a reader of the timings should know
+    prepare_s: float = 0.0                        # wall time prepare() took (casts, fusing, copies)
+    # which T x T work the attention really does when causal: "full" (the whole square is
+    # computed, then masked) or "causal" (tiles above the diagonal are skipped)
+    square: str = "full"
+    _keep: list = field(default_factory=list, repr=False)   # foreign memory the callables point into
+
+    def available(self, component: str) -> bool:
+        return component in self.fns
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs per component, taken from tblock.flops so the reports can never disagree with it
+
+def component_flops(cfg: BlockConfig, T: int) -> dict[str, dict[str, int]]:
+    """{"full": {component: FLOPs}, "causal": {...}} for one sequence of T tokens."""
+    fc = flops(cfg, T)
+
+    def pick(c):
+        return {
+            "layernorm": c["layernorm"] // 2,   # tblock.flops counts LN1 and LN2; a component is one
+            "softmax": c["softmax"],
+            "attention_core": c["scores"] + c["softmax"] + c["av"],
+            "attention": c["qkv"] + c["scores"] + c["softmax"] + c["av"] + c["out_proj"],
+            "ffn": c["ffn_up"] + c["activation"] + c["ffn_down"],
+            "block": sum(c.values()),
+        }
+
+    return {"full": pick(fc.full), "causal": pick(fc.causal)}
+
+
+def sublayer_crossover_T(cfg: BlockConfig, causal: bool) -> float:
+    """T at which the whole attention sublayer's FLOPs (QKV, scores, softmax, AV, W_O)
+    equal the whole FFN's; interpolated between the two integers that bracket it.
+
+    About 2 d_model for the full square and 4 d_model causal: half of ``crossover_T``,
+    because the sublayer also carries the 8 T d^2 of its four projections."""
+    kind = "causal" if causal else "full"
+
+    def gap(T):
+        c = component_flops(cfg, T)[kind]
+        return c["attention"] - c["ffn"]
+
+    if gap(1) >= 0:
+        return 1.0
+    hi = 2
+    while gap(hi) < 0:       # attention grows as T^2, the FFN as T: this ends
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    g_lo, g_hi = gap(lo), gap(hi)
+    return lo + (-g_lo) / (g_hi - g_lo)
+
+
+# ---------------------------------------------------------------------------------------
+# inputs
+
+def make_inputs(cfg: BlockConfig, T: int, dtype=np.float32, seed: int = 0,
+                components=COMPONENTS) -> dict[str, tuple]:
+    """The arguments of each named component's callable: standard normal, C-contiguous,
+    writable. Only the named ones are drawn (the (n_heads, T, T) scores get large)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    d = cfg.d_model
+
+    def normal(*shape):
+        return rng.standard_normal(shape, dtype=np.float64).astype(dtype)
+
+    out = {}
+    X = normal(T, d)     # the sublayers see LayerNorm output: unit-variance rows
+    for name in components:
+        if name == "softmax":
+            # scores after the 1/sqrt(d_k) scale are about N(0, 1) for unit-variance Q and K
+            out[name] = (normal(cfg.n_heads, T, T),)
+        elif name == "attention_core":
+            out[name] = (normal(T, d), normal(T, d), normal(T, d))
+        elif name in COMPONENTS:
+            out[name] = (X,)
+        else:
+            raise ValueError(f"component must be one of {COMPONENTS}, got {name!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# availability
+
+def backend_status(backend: str) -> tuple[bool, str]:
+    """(can run here, why not) for one of BACKENDS; never raises for a known name."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    try:
+        api.get_backend(backend)
+    except api.BackendUnavailable as e:
+        return False, str(e)
+    return True, ""
+
+
+def available_backends() -> list[str]:
+    return [b for b in BACKENDS if backend_status(b)[0]]
+
+
+def prepare(backend: str, cfg: BlockConfig, weights: BlockWeights, dtype=np.float32) -> ComponentSet:
+    """Every component ``backend`` exposes, ready to call on ``make_inputs``'s arrays."""
+    if not isinstance(cfg, BlockConfig):
+        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    weights.check(cfg)
+    ok, why = backend_status(backend)
+    if not ok:
+        raise api.BackendUnavailable(f"backend {backend!r} cannot run here: {why}")
+    dtype = np.dtype(dtype)
+    # the block's weights in the timed dtype, so a backend never converts them per call
+    weights = weights if weights.dtype == dtype else BlockWeights(
+        **{k: a.astype(dtype) for k, a in weights.arrays().items()})
+    cs = api.get_backend(backend).components(cfg, weights, dtype)
+    for name in COMPONENTS:
+        if name not in cs.fns and name not in cs.missing:
+            cs.missing[name] = f"the {backend} backend does not expose it"
+    return cs
+
+
+def block_fn(backend, cfg, weights):
+    """The whole block through tblock.forward, as a component."""
+    def block(X):
+        return api.forward(X, weights, cfg, backend=backend)
+    return block
