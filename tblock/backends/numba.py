@@ -136,10 +136,10 @@ def forward_batch(H, weights, cfg, trace):
     # _block_flops, inlined with the per-config parts precomputed (a call costs ~0.1 us)
     if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        out = block_serial(H, flat, T, d, *scalars, 1)
+        out, finite = block_serial(H, flat, T, d, *scalars, 1)
     else:
-        out = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
-    return (out, None) if out.size else (None, None)
+        out, finite = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
+    return (out, None) if finite else (None, None)
 
 
 def parallel_call(fn, *args, pass_threads=False):
