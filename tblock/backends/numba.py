@@ -35,7 +35,7 @@ from ..kernels.gemm import gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
 from ..kernels.options import JIT
 from ..kernels.simd import panel_lanes
-from ..kernels.softmax import CAUSAL, NO_MASK, masked_softmax_rows
+from ..kernels.softmax import masked_softmax_rows
 from ..kernels.validate import all_finite
 from .numpy import head_mix, head_probs
 
@@ -194,15 +194,13 @@ def _forward_trace(H, weights, cfg):
     dt = H.dtype
     w = _trace_weights(weights, dt)
     B = H.shape[0]
-    nh, kind = cfg.n_heads, CAUSAL if cfg.causal else NO_MASK
+    nh = cfg.n_heads
     scale = 1.0 / np.sqrt(cfg.d_k)
     tr = {}
-    dummy_add = np.zeros((1, 1))
-    dummy_keep = np.zeros((1, 1), dtype=np.bool_)
 
     def probs(S):
         A = np.empty_like(S)
-        masked_softmax_rows(np.ascontiguousarray(S), scale, kind, dummy_add, dummy_keep, A)
+        masked_softmax_rows(np.ascontiguousarray(S), scale, cfg.causal, A)
         return A
 
     def attention(X):
@@ -296,7 +294,6 @@ def components(cfg, weights, dtype):
     NR = panel_width(dtype)             # the panel width _pack_weights used
     o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
     act = ACTIVATION_CODES[cfg.activation]
-    no_add, no_keep = np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_)
 
     def layernorm(X):
         Y = np.empty_like(X)
@@ -305,9 +302,8 @@ def components(cfg, weights, dtype):
 
     def softmax(S):
         out = np.empty_like(S)
-        kind = CAUSAL if cfg.causal else NO_MASK
         for h in range(S.shape[0]):
-            masked_softmax_rows(S[h], 1.0, kind, no_add, no_keep, out[h])
+            masked_softmax_rows(S[h], 1.0, cfg.causal, out[h])
         return out
 
     def core(Q, K, V):
