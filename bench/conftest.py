@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tblock import BlockConfig, init_weights
+from tblock import BlockConfig, init_weights, perf
 from tblock.backends import components as C
-from tblock import report
 
 # (d_model, n_heads) of the sweep; the lesson's toy block is added at its own T=4
 SWEEP_CONFIGS = ((384, 6), (768, 12))
@@ -67,16 +66,16 @@ class Case:
 
 
 def sweep_T(d_model: int, full: bool) -> list[int]:
-    """d_model/8 to 8 d_model (16 with --full), doubling: the points include 4 and 8 d_model,
-    the FLOP model's crossovers (full square and causal)."""
-    return [max(1, int(d_model * 2.0 ** k)) for k in range(-3, 5 if full else 4)]
+    """d_model/8 to 8 d_model (16 with --full), doubling: tblock.perf's grid, with 4 and 8
+    d_model, the FLOP model's crossovers (full square and causal)."""
+    return perf.t_grid(d_model, 16 if full else 8)
 
 
 def bench_settings(config) -> dict:
     smoke = config.getoption("--smoke")
     budget = config.getoption("--bench-budget")
     backends = config.getoption("--bench-backends")
-    threads = config.getoption("--bench-threads") or report.usable_cores()
+    threads = config.getoption("--bench-threads") or perf.usable_cores()
     return {
         "smoke": smoke, "full": config.getoption("--full"), "dtype": config.getoption("--bench-dtype"),
         "budget_s": budget if budget is not None else (2.0 if smoke else 20.0),
@@ -116,7 +115,7 @@ def cases(config) -> list:
                 case = Case(b, d, h, T, comp)
                 marks = []
                 cfg = BlockConfig(d_model=d, n_heads=h)
-                mem = report._point_memory(cfg, T, comp, b, s["dtype"])
+                mem = C.point_memory(cfg, T, comp, b, s["dtype"])
                 est = estimate_s(case, s["dtype"])
                 if not ok:
                     marks.append(pytest.mark.skip(reason=f"backend {b} cannot run here: {why}"))
@@ -151,7 +150,7 @@ def pinned(settings):
         if b in C.BACKENDS and C.backend_status(b)[0]:
             C.prepare(b, BlockConfig(d_model=TOY[0], n_heads=TOY[1]),
                       init_weights(BlockConfig(d_model=TOY[0], n_heads=TOY[1]), 0))   # loads every library
-    with report.pinned_threads(settings["threads"], "torch" in settings["backends"]
+    with perf.pinned_threads(settings["threads"], "torch" in settings["backends"]
                                and C.backend_status("torch")[0]) as counts:
         _SESSION["threads"] = counts
         yield counts
@@ -192,7 +191,7 @@ def inputs_for(settings):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    info = report.machine_info()
+    info = perf.machine_info()
     machine_info["tblock"] = {k: info[k] for k in ("cpu", "cores", "usable_cores", "versions", "blas",
                                                    "git_commit", "loadavg_start")}
     machine_info["tblock"]["threads"] = _SESSION["threads"]
@@ -204,17 +203,12 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 def run_case(benchmark, case: Case, cs, args, settings) -> None:
     if _SESSION["last_backend"] not in (None, case.backend):
-        time.sleep(0.3)     # the previous library's pools spin for ~0.1 s after their last call
+        perf.settle(0.3)    # the previous library's pools spin for ~0.1 s after their last call
     _SESSION["last_backend"] = case.backend
     fn = cs.fns[case.component]
     # explicit warm-up: pytest-benchmark warms up only on PyPy by default, and numba
     # compiles on the first call; the second call sizes the rounds
-    t0 = time.perf_counter()
-    fn(*args)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fn(*args)
-    est = time.perf_counter() - t0
+    first, est = perf.first_calls(fn, args)
     cfg = BlockConfig(d_model=case.d_model, n_heads=case.n_heads)
     fl = C.component_flops(cfg, case.T)
     benchmark.group = f"{case.component} d_model={case.d_model} T={case.T}"

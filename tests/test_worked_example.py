@@ -5,7 +5,7 @@ import pytest
 
 import tblock
 from tblock.backends import numpy as oracle
-from tblock.report import entropy_bits
+from tblock.analysis import row_entropies_bits as entropy_bits
 
 EX = tblock.load_worked_example()
 P = tblock.LESSON_PRINTED

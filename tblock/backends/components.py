@@ -132,6 +132,21 @@ def make_inputs(cfg: BlockConfig, T: int, dtype=np.float32, seed: int = 0,
     return out
 
 
+def point_memory(cfg, T, component, backend, dtype) -> int:
+    """Rough peak bytes of one component call of ``backend``, its inputs included: the
+    (n_heads, T, T) arrays dominate (the report and the benchmarks skip what would not fit)."""
+    if component not in ("softmax", "attention_core", "attention", "block"):
+        return 0
+    # the numpy oracle keeps every head's float64 A plus masks and temporaries
+    item = 8 if backend in ("numpy", "c") else np.dtype(dtype).itemsize
+    square = cfg.n_heads * T * T * item
+    if component == "softmax":
+        return 3 * square                     # input (drawn in float64 first), output
+    if backend == "numpy":
+        return 3 * square
+    return 2 * T * T * 8 if backend == "c" else 0     # C: one head's scores and A; numba tiles
+
+
 # ---------------------------------------------------------------------------------------
 # availability
 

@@ -29,8 +29,8 @@ from .. import _runtime
 from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
-from ..kernels.block import (KC, MC, MF, attention_core, block_parallel, block_serial, ffn_tile, packed_len,
-                             rows_per_task, task_tile, weight_layout)
+from ..kernels.block import KC, MC, MF, attention_core, block_parallel, block_serial, ffn_tile
+from ..kernels.layout import packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from ..kernels.gemm import gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
 from ..kernels.options import JIT
@@ -262,15 +262,13 @@ DRIVER_JIT = {**JIT, "cache": False}
 
 
 @njit(parallel=True, **DRIVER_JIT)
-def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc):
-    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), tiled like
-    the block's QKV and W_O stages: MC-row blocks, split by columns when few."""
-    NR = panel_lanes(Wf)
-    nrb = (rows + MC - 1) // MC
-    npn = (N + NR - 1) // NR
-    groups = min(npn, max(1, 8 // nrb))
-    for t in prange(nrb * groups):
-        r0, r1, p0, p1 = task_tile(t, groups, MC, rows, npn)
+def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, nthr):
+    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), split into
+    tasks as the block's QKV and W_O stages are (stage_grid)."""
+    npn = panels(N, panel_lanes(Wf))
+    mc, groups = stage_grid(rows, npn, MC, nthr)
+    for t in prange((rows + mc - 1) // mc * groups):
+        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npn)
         gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
 
 
@@ -317,10 +315,11 @@ def components(cfg, weights, dtype):
         qkv = np.empty(T * 3 * d, dtype=dtype)
         step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
-            parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d)
+            parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d,
+                          pass_threads=True)
         parallel_call(attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
-        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d)
+        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d, pass_threads=True)
         return out
 
     def ffn(X):

@@ -1,0 +1,124 @@
+"""The machine a measurement ran on, and the thread counts every library runs at."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = Path(__file__).resolve().parent.parent     # tblock/
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
+
+
+def package_version(module):
+    """``module.__version__``, or None when it does not import."""
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_info() -> list:
+    try:
+        from threadpoolctl import threadpool_info
+        return [{k: i.get(k) for k in ("user_api", "internal_api", "prefix", "version", "architecture",
+                                      "threading_layer", "num_threads", "filepath")} for i in threadpool_info()]
+    except ImportError:
+        try:
+            return [np.show_config(mode="dicts")["Build Dependencies"]["blas"]]
+        except Exception as e:
+            return [f"unknown ({e})"]
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this package runs from, or None: an installed copy that
+    merely sits inside some repository (a venv in a project) is not that repository's code."""
+    git = ["git", "-C", str(PACKAGE)]
+    try:
+        tracked = subprocess.run(git + ["ls-files", "--error-unmatch", "--", "__init__.py"],
+                                 capture_output=True, text=True, timeout=5)
+        if tracked.returncode != 0:
+            return None
+        r = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict:
+    from .. import __version__, peers
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "versions": {"tblock": __version__, "numpy": np.__version__,
+                     **{m: package_version(m) for m in ("scipy", "numba", "cffi", "matplotlib", "threadpoolctl")},
+                     **peers.peer_versions()},
+        "git_commit": git_commit(),
+        "blas": blas_info(),
+        "loadavg_start": list(load) if load else None,
+    }
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int, with_torch: bool):
+    """Run the body with numba, the BLAS (and OpenMP) pools and torch all at ``n`` threads;
+    yields the counts actually in force, and restores the previous ones."""
+    from .. import _runtime      # the numba backend's count, applied to each of its calls
+    counts = {"requested": n}
+    undo = []
+    old = _runtime.get_num_threads()
+    _runtime.set_num_threads(min(n, _runtime.pool_size()))
+    counts["numba"] = _runtime.get_num_threads()
+    undo.append(lambda: _runtime.set_num_threads(old))
+    if with_torch:
+        import torch        # before threadpoolctl, so it also limits torch's OpenMP pool
+        old_t = torch.get_num_threads()
+        torch.set_num_threads(n)
+        counts["torch"] = torch.get_num_threads()
+        undo.append(lambda: torch.set_num_threads(old_t))
+    try:
+        import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS, which numba's np.dot calls)
+    except ImportError:
+        pass
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        counts["blas"] = "not pinned: threadpoolctl is not installed"
+        limiter = contextlib.nullcontext()
+    else:
+        limiter = threadpool_limits(limits=n)
+    try:
+        with limiter:
+            if "blas" not in counts:
+                # one entry per loaded library: numpy and scipy each bundle an OpenBLAS, and
+                # torch and numba's OpenMP layer may each bring a libgomp
+                counts["blas"] = {f"{i['prefix']} {i.get('version') or os.path.basename(i['filepath'])}":
+                                  i["num_threads"] for i in threadpool_info()}
+            yield counts
+    finally:
+        for f in reversed(undo):
+            f()

@@ -1,0 +1,372 @@
+"""report.md and the terminal summary: pure functions of the JSON, so a saved report.json
+renders the same page."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.components import COMPONENTS
+from .analysis import median_times
+
+LABELS = {"layernorm": "layernorm", "softmax": "softmax", "attention_core": "attn core",
+          "attention": "attention", "ffn": "ffn", "block": "block"}
+
+
+def _fmt(v):
+    if np.ndim(v) == 0:
+        return repr(float(v))
+    return "[" + ", ".join(f"{float(x):.6f}" for x in np.ravel(v)) + "]"
+
+
+def _ms(s):
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
+
+
+def _flops(n):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n}"
+
+
+def fmt_T(x):
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    # a "|" inside a cell (|H_in|) would end the cell: escape it
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(data: dict) -> str:
+    sections = (_header, _ceilings, _crossovers, _ratios, peers_markdown, _flops_table, _backends,
+                _worked_example, _plots)
+    return "\n".join(line for section in sections for line in section(data))
+
+
+def _header(data: dict) -> list[str]:
+    """Who made the report, on what, and how."""
+    cfg, m, opts = data["config"], data["machine"], data["options"]
+    v = m["versions"]
+    L = ["# tblock report", "",
+         f"Made {m['date']} by `{data['command']}` in {data['elapsed_s']:.0f} s"
+         + (f" (tblock {v['tblock']}, git {m['git_commit']})." if m.get("git_commit") else f" (tblock {v['tblock']})."),
+         "",
+         f"- **Machine**: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable); {m['platform']}; "
+         f"load average {_load(m.get('loadavg_start'))} at the start, {_load(m.get('loadavg_end'))} at the end "
+         "(other work on the machine shows up as noise).",
+         f"- **Software**: Python {m['python']}, " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "tblock" and x)
+         + ".",
+         f"- **BLAS**: " + "; ".join(_blas_line(b) for b in m["blas"]) + ".",
+         f"- **Threads**: {_threads_line(data['threads'])}.",
+         f"- **Block**: d_model={cfg['d_model']}, n_heads={cfg['n_heads']} (d_k={cfg['d_k']}), d_ff={cfg['d_ff']}, "
+         f"{'causal' if cfg['causal'] else 'no mask (full square)'}, {cfg['norm']}-LN, {cfg['activation']}, "
+         f"no biases; inputs {cfg['dtype']}, one sequence (B=1).",
+         f"- **Parameters per block**: {data['params']['config']:,}; the lesson's toy (d_model=8, d_ff=32) "
+         f"{data['params']['toy']} (lesson: 808), {data['params']['toy_ln_affine']} with LN affines (lesson: 840).",
+         f"- **Sweep** ({opts['mode']}): T = {', '.join(str(T) for T in data['T'])}; median of {opts['repeats']} "
+         f"repeats after two warm-up calls; backends: {', '.join(data['backends'])}."
+         + (" Time spent: ceilings {:.0f} s, ".format(data["clock"]["ceilings_s"])
+            + ", ".join(f"{b} {t:.0f} s" for b, t in data["clock"]["sweep_s"].items()) + "."
+            if data.get("clock") else "")]
+    busy = load_warning(m)
+    if busy:
+        L += [f"- **Warning**: {busy}"]
+    if opts.get("unavailable"):
+        L += [f"- **Not run**: " + "; ".join(f"{b} ({why})" for b, why in opts["unavailable"].items()) + "."]
+    return L + [""]
+
+
+def _ceilings(data: dict) -> list[str]:
+    L = ["## Machine ceilings", "",
+         "Best rate of an n x n matrix product through the BLAS in use (2 n³ FLOPs); "
+         "'% of ceiling' below is measured against the ceiling of the dtype a backend computes in.", ""]
+    rows = []
+    for dt, c in data["ceilings"].items():
+        runs = ", ".join(f"{r['library']} n={r['n']}: {r['gflops']:.1f}" for r in c["runs"])
+        rows.append([dt, f"**{c['gflops']:.1f}**", c["source"], runs])
+    return L + _table(["dtype", "GFLOP/s", "best", "all runs (GFLOP/s)"], rows) + [""]
+
+
+def _crossovers(data: dict) -> list[str]:
+    """The measured crossovers per backend next to the FLOP model's, and how to read them."""
+    cfg, fm = data["config"], data["flop_model"]
+    model_T = fm["crossover_T_causal"] if cfg["causal"] else fm["crossover_T_full"]
+    rows = []
+    for b, rec in data["backends"].items():
+        sub, core = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
+        rr = core.get("rate_ratio")
+        rows.append([b, _crossing_cell(sub), _crossing_cell(core),
+                     "-" if rr is None else f"{rr:.2f}", "-" if rr is None else fmt_T(model_T * rr)])
+    L = ["## Crossover: where attention's time overtakes the FFN's", ""]
+    L += _table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
+                 "core GFLOP/s ÷ FFN GFLOP/s there", f"FLOP model {model_T:,.0f} × that rate ratio"], rows)
+    return L + ["", f"FLOP model (tblock.flops), d_model={cfg['d_model']}:", "",
+                f"- attention **core** (scores + softmax + AV) against the FFN's two matmuls, `tblock.crossover_T`: "
+                f"T = {fm['crossover_T_full']:,.0f} = 4·d_model for the full square, "
+                f"T = {fm['crossover_T_causal']:,.0f} ≈ 8·d_model causal;",
+                f"- the whole attention **sublayer** (with its four d_model x d_model projections) against the whole FFN: "
+                f"T ≈ {fm['sublayer_crossover_T_full']:,.0f} (≈ 2·d_model) full square, "
+                f"T ≈ {fm['sublayer_crossover_T_causal']:,.0f} (≈ 4·d_model) causal.",
+                "", READING, ""]
+
+
+READING = (
+    "How to read it. The measured T is where the attention/FFN time ratio crosses 1, interpolated on "
+    "log-log axes between the two swept T around it. FLOPs alone would put the core's crossover at the "
+    "model's T; time is FLOPs divided by the achieved rate, and the core's FLOPs over the FFN's grow "
+    "linearly in T, so the core's time overtakes the FFN's at the model's T times (core GFLOP/s ÷ FFN "
+    "GFLOP/s), the last two columns. Attention's T² work runs slower per FLOP than the FFN's large GEMMs "
+    "(a softmax with exp and masking between two skinny d_k-wide products), so on a well-tuned backend "
+    "the rate ratio is below 1 and attention takes over before the FLOP model says. A backend that fills "
+    "the whole T x T square even when causal (the numpy oracle, the C reference) spends the full-square "
+    "work, which in the causal count shows as half the rate, and it crosses near 4·d_model; a kernel that "
+    "skips masked tiles can push it towards 8·d_model. An FFN that is slow for its FLOPs (elementwise "
+    "GELU passes in float64) pushes the crossover up instead.")
+
+
+def _ratios(data: dict) -> list[str]:
+    """Each backend's time over the reference backend's, per component."""
+    s = data["summary"]
+    if not s["ratios"]:
+        return []
+    ref, others = s["reference"], list(s["ratios"])
+    L = ["## Backend against backend", "",
+         f"time(backend) / time({ref}) for each component: geometric mean over the T both measured "
+         f"[range], and the ratio at the largest such T. Above 1: slower than {ref}.", ""]
+    rows = []
+    for c in COMPONENTS:
+        row = [LABELS[c]]
+        for b in others:
+            r = s["ratios"][b].get(c)
+            row.append("n/a" if r is None else
+                       f"{r['geomean']:.2f}x [{r['min']:.2f}–{r['max']:.2f}], {r['at_T_max']:.2f}x at T={r['T_max']}")
+        rows.append(row)
+    return L + _table(["component"] + [f"{b} / {ref}" for b in others], rows) + [""]
+
+
+def _flops_table(data: dict) -> list[str]:
+    k = "causal" if data["config"]["causal"] else "full"
+    L = [f"## FLOPs per component (tblock.flops; {'causal' if k == 'causal' else 'full square'} count, "
+         "full square in brackets when it differs)", ""]
+    rows = []
+    for T in data["T"]:
+        f = data["flops"][str(T)]
+        cells = [_flops(f[k][c]) + (f" [{_flops(f['full'][c])}]" if f["full"][c] != f[k][c] else "")
+                 for c in COMPONENTS]
+        rows.append([T] + cells + [f"{f[k]['attention'] / f[k]['ffn']:.2f}"])
+    return L + _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn"], rows) + [""]
+
+
+def _backends(data: dict) -> list[str]:
+    kind = "causal" if data["config"]["causal"] else "full square"
+    return [line for b, rec in data["backends"].items() for line in _backend(b, rec, kind)]
+
+
+def _backend(b: str, rec: dict, kind: str) -> list[str]:
+    """One backend's section: what it computes, then a row per T."""
+    L = [f"## Backend `{b}`", "",
+         f"Computes in {rec['compute_dtype']}; "
+         + ("skips the masked tiles of the T x T square" if rec.get("square") == "causal"
+            else "computes the whole T x T square, masked entries included") +
+         f"; components prepared (weights cast, fused, transposed) "
+         f"in {_ms(rec['prepare_s'])} before any timing. Each cell: median time, achieved "
+         f"GFLOP/s ({kind} count), % of the {rec['compute_dtype']} ceiling."]
+    L += [f"- {n}" for n in rec["notes"]]
+    L += [f"- {LABELS[c]}: n/a ({why})" for c, why in rec["missing"].items()]
+    L += [f"- {why}" for why in sorted(set(rec["skipped"].values()))]
+    by_T = {}
+    for r in rec["results"]:
+        by_T.setdefault(r["T"], {})[r["component"]] = r
+    rows = [[T] + [_cell(by_T[T].get(c)) for c in COMPONENTS] + [_time_ratio(by_T[T])] for T in sorted(by_T)]
+    L += [""] + _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn time"], rows) + [""]
+    ov = rec["first_call_overhead_s"]
+    if ov:
+        L += ["First call against the steady median (compilation, first touch of memory, lazy caches), "
+              "at the first T each component ran: " +
+              "; ".join(f"{LABELS[c]} {_ms(o['first_call_s'])} vs {_ms(o['median_s'])}" for c, o in ov.items())
+              + ".", ""]
+    return L
+
+
+def _cell(r) -> str:
+    if r is None or r["status"] == "n/a":
+        return "n/a"
+    if r["status"] != "ok":
+        return f"{r['status']} ({r['reason']})"
+    return f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s · {r['pct_ceiling']:.0f}%"
+
+
+def _time_ratio(row: dict) -> str:
+    a, f = row.get("attention"), row.get("ffn")
+    return f"{a['median_s'] / f['median_s']:.2f}" if a and f and a["status"] == f["status"] == "ok" else "-"
+
+
+def _worked_example(data: dict) -> list[str]:
+    L = ["## Lesson 13 worked example through every tblock backend", "",
+         "T=4, d_model=8, 2 heads, d_ff=32, seed 13; the lesson's printed numbers next to ours "
+         "(torch is a comparison here, not a tblock backend, so it has no trace to show).", ""]
+    we = data["worked_example"]
+    if not we:
+        return L
+    names = list(we)
+    rows = [[q, _fmt(lesson)] + [_fmt(we[b][i][2]) for b in names] for i, (q, lesson, _) in enumerate(we[names[0]])]
+    return L + _table(["quantity", "lesson"] + names, rows) + [""]
+
+
+def _plots(data: dict) -> list[str]:
+    if data["plots"]["files"]:
+        return ["## Plots", ""] + [f"![{p}]({p})" for p in data["plots"]["files"]] + [""]
+    return ["## Plots", "", f"No plots: {data['plots']['reason']}.", ""]
+
+
+def _peer_reference(data: dict) -> str | None:
+    """The backend peers are set against: numba when it was swept, else the first one."""
+    names = list(data["backends"])
+    return "numba" if "numba" in names else (names[0] if names else None)
+
+
+def peer_rows(data: dict) -> tuple[list, list]:
+    """(header, rows) of the whole block per T: the reference backend, each peer that ran,
+    and reference / fastest peer."""
+    ran = {n: p for n, p in data.get("peers", {}).items() if p["results"]}
+    ref = _peer_reference(data)
+    ref_t = median_times(data["backends"][ref]["results"], "block") if ref else {}
+    header = ["T", f"{ref} (block)"] + [p["label"] for p in ran.values()] + [f"{ref} / fastest peer"]
+    rows = []
+    for T in data["T"]:
+        cells, best = [], None
+        for p in ran.values():
+            r = next((r for r in p["results"] if r["T"] == T), None)
+            if r is None or r["status"] != "ok":
+                cells.append("-" if r is None else r["status"])
+                continue
+            cells.append(f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s")
+            best = min(best or r["median_s"], r["median_s"])
+        ratio = f"{ref_t[T] / best:.2f}" if best and T in ref_t else "-"
+        rows.append([T, _ms(ref_t.get(T))] + cells + [ratio])
+    return header, rows
+
+
+def peers_markdown(data: dict) -> list[str]:
+    ps = data.get("peers")
+    if not ps:
+        return []               # a report from before peers, or --peers none
+    L = ["## The whole block against its peers", "",
+         "Other libraries running the same block with the same weights (tblock.peers), float32, after "
+         "the sweep: each checked against the numpy oracle at every T, then timed as the block "
+         "component is (median; build and first call not counted). Below 1 in the last column: "
+         "tblock is faster than every peer.", ""]
+    for p in ps.values():
+        if p["available"]:
+            first = p["results"][0].get("check_call_s") if p["results"] else None
+            L += [f"- {p['label']} {p['version']}: built in {_ms(p.get('build_s'))}, first call "
+                  f"{_ms(first)}{' (where it compiles)' if p['label'] == 'torch.compile' else ''}" +
+                  "".join(f"; T={r['T']} {r['status']} ({r.get('reason')})" for r in p["results"]
+                          if r["status"] not in ("ok", "skipped")) + "."]
+        else:
+            L += [f"- {p['label']}: not run ({p['reason']})."]
+    L += [""]
+    if any(p["results"] for p in ps.values()):
+        L += _table(*peer_rows(data)) + [""]
+    return L
+
+
+def _crossing_cell(x: dict) -> str:
+    """A measured crossover for a table cell: the T, or which side of the sweep it lies."""
+    if x["T"]:
+        return fmt_T(x["T"]) + (" (noisy)" if "noisy" in x["status"] else "")
+    Ts = sorted(int(T) for T in x.get("ratios", {}))
+    if not Ts:
+        return "not measured"
+    if x["status"].startswith("below"):
+        return f"< {Ts[0]}"
+    return f"> {Ts[-1]}" + (f" (trend ≈ {fmt_T(x['extrapolated_T'])})" if x.get("extrapolated_T") else "")
+
+
+def load_warning(m: dict) -> str | None:
+    """A line when other processes competed for the cores while the report ran."""
+    loads = [x[0] for x in (m.get("loadavg_start"), m.get("loadavg_end")) if x]
+    if loads and max(loads) > 0.5:
+        return (f"the 1-minute load average reached {max(loads):.2f} on {m['usable_cores']} usable cores: other "
+                "processes competed for the cores, so the timings are noisy: a multi-threaded call waits at "
+                "each barrier for a thread that lost its core, often a whole scheduler tick (4 ms). Rerun on "
+                "a quiet machine for numbers to quote, or with --threads 1 for steadier single-core numbers")
+    return None
+
+
+def _load(x):
+    return "?" if not x else f"{x[0]:.2f}"
+
+
+def _blas_line(b):
+    if isinstance(b, dict):
+        name = b.get("internal_api") or b.get("name")
+        return " ".join(str(x) for x in (name, b.get("version"), b.get("architecture"),
+                                         f"({b.get('user_api')})" if b.get("user_api") else None) if x)
+    return str(b)
+
+
+def _threads_line(t):
+    blas = t.get("blas")
+    blas_s = ", ".join(f"{k} {n}" for k, n in blas.items()) if isinstance(blas, dict) else str(blas)
+    parts = [f"{t['requested']} requested", f"numba {t.get('numba')}", f"BLAS/OpenMP: {blas_s}"]
+    if t.get("torch") is not None:
+        parts.append(f"torch {t['torch']}")
+    if t.get("numba_threading_layer"):
+        parts.append(f"numba threading layer {t['numba_threading_layer']}")
+    return "; ".join(parts)
+
+
+def summary_text(data: dict) -> str:
+    """What the terminal shows after a run: the worked example, crossovers and ratios."""
+    lines = []
+    we = data["worked_example"]
+    if we:
+        names = list(we)
+        lines += ["Lesson 13 worked example (T=4, d_model=8, 2 heads, d_ff=32, seed 13)",
+                  f"   {'quantity':<24}{'lesson':<44}" + "".join(f"{b:<44}" for b in names)]
+        for i, (q, lesson, _) in enumerate(we[names[0]]):
+            lines.append(f"   {q:<24}{_fmt(lesson):<44}" + "".join(f"{_fmt(we[b][i][2]):<44}" for b in names))
+        lines.append("")
+    p = data["params"]
+    cfg, fm = data["config"], data["flop_model"]
+    lines += [f"parameters per block: d_model=8, d_ff=32: {p['toy']} (lesson 808), with LN affines "
+              f"{p['toy_ln_affine']} (lesson 840); d_model={cfg['d_model']}: {p['config']:,}", ""]
+    lines += ["GEMM ceilings: " + ", ".join(f"{dt} {c['gflops']:.1f} GFLOP/s ({c['source']})"
+                                           for dt, c in data["ceilings"].items()), ""]
+    lines += [f"crossover, d_model={cfg['d_model']} ({'causal' if cfg['causal'] else 'full square'}): FLOP model core=FFN "
+              f"{fm['crossover_T_full']:.0f} full (4*d_model), {fm['crossover_T_causal']:.0f} causal (~8*d_model); "
+              f"sublayer=FFN {fm['sublayer_crossover_T_full']:.0f} full, {fm['sublayer_crossover_T_causal']:.0f} causal"]
+    for b, rec in data["backends"].items():
+        s, c = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
+        lines.append(f"   {b:<7} attention sublayer = FFN at T: {_crossing_cell(s)}; core = FFN at T: {_crossing_cell(c)}")
+    s = data["summary"]
+    if s["ratios"]:
+        ref = s["reference"]
+        lines += ["", f"time / time({ref}), geometric mean over common T [at the largest common T]"]
+        others = list(s["ratios"])
+        lines.append(f"   {'component':<12}" + "".join(f"{b + ' / ' + ref:>24}" for b in others))
+        for comp in COMPONENTS:
+            cells = []
+            for b in others:
+                r = s["ratios"][b].get(comp)
+                cells.append(f"{'n/a':>24}" if r is None else
+                             f"{r['geomean']:>9.2f}x [{r['at_T_max']:.2f}x T={r['T_max']}]".rjust(24))
+            lines.append(f"   {LABELS[comp]:<12}" + "".join(cells))
+    if any(p["results"] for p in data.get("peers", {}).values()):
+        header, rows = peer_rows(data)
+        rows = [[str(c).split(" · ")[0] for c in row] for row in rows]      # times only
+        widths = [max(len(str(c)) for c in col) + 2 for col in zip(header, *rows)]
+        lines += ["", "whole block against its peers (median time per call, float32)"]
+        lines += ["   " + "".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in [header] + rows]
+    not_run = [f"{p['label']} ({p['reason']})" for p in data.get("peers", {}).values() if not p["available"]]
+    if not_run:
+        lines += ["", "peers not run: " + "; ".join(not_run)]
+    return "\n".join(lines)
