@@ -11,7 +11,7 @@ from .. import api, peers
 from ..backends import components
 from ..backends.components import COMPONENTS, component_flops, point_memory
 from ..config import BlockConfig
-from ..analysis import row_entropies_bits
+from ..lesson.analysis import row_entropies_bits
 from ..perf import Progress, measure, settle
 from ..weights import init_weights
 from ..worked_example import LESSON_PRINTED, load_worked_example

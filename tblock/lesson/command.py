@@ -16,12 +16,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..api import forward
+from ..backends import DEFAULT_BACKEND
+from ..config import BlockConfig
+from ..counting import param_breakdown, param_count
+from ..weights import init_weights
+from ..worked_example import LESSON_PRINTED, load_worked_example
 from . import analysis
-from .api import forward
-from .config import BlockConfig
-from .counting import param_breakdown, param_count
-from .weights import init_weights
-from .worked_example import LESSON_PRINTED, load_worked_example
 
 # the Systems-lens table as the lesson prints it: N -> (ratio unscaled, scaled, max gain unscaled, scaled)
 LESSON_SYSTEMS = {
@@ -55,7 +56,7 @@ def walkthrough(backend=None, out=print):
     P = LESSON_PRINTED
     n = np.linalg.norm
     _, tr = forward(H_in, w, cfg, backend=backend, trace=True)
-    out(f"Lesson 13: the transformer block, on the lesson's worked example (backend {backend or 'numpy'})")
+    out(f"Lesson 13: the transformer block, on the lesson's worked example (backend {backend or DEFAULT_BACKEND})")
     out(f"  T=4, d_model={cfg.d_model}, {cfg.n_heads} heads of d_k={cfg.d_k}, d_ff={cfg.d_ff}, "
         f"Pre-LN, causal, GELU ({cfg.activation}), weights drawn by the lesson with seed(13)")
     out("")
