@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import subprocess
@@ -39,7 +38,9 @@ import time
 import numpy as np
 
 import tblock
-from tblock import peers
+from tblock import BlockConfig, peers, perf
+from tblock.backends.numba import parallel_call
+from tblock.counting import matmul_flops
 
 # (d_model, n_heads, T, B): issue #12's sizes, then the lesson's toy block
 POINTS = [(384, 6, 64, 1), (384, 6, 1024, 1), (384, 6, 4096, 1),
@@ -50,16 +51,10 @@ PEER_ALIASES = {"torch": "torch", "eager": "torch", "compile": "compile", "torch
                 "ort": "ort", "onnxruntime": "ort", "openvino": "openvino", "ov": "openvino"}
 
 
-def causal_flops(d, T, B=1):
-    """The brief's count for one causal block: 24 T d^2 (projections and FFN with
-    d_ff = 4d) + 2 T^2 d (scores and AV over the lower triangle), per sequence."""
-    return B * (24 * T * d * d + 2 * T * T * d)
-
-
-def _timed(f):
-    t = time.perf_counter()
-    f()
-    return time.perf_counter() - t
+def causal_flops(d, h, T, B=1):
+    """The block's matmul FLOPs, causal (tblock.counting.matmul_flops): 24 T d^2 for the
+    projections and the FFN with d_ff = 4d, and 2 T (T + 1) d for scores and AV."""
+    return B * matmul_flops(BlockConfig(d_model=d, n_heads=h), T)
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,64 +96,15 @@ def versions():
 
 
 def pin_threads(n, names):
-    """Numba, the BLAS pools and torch at n threads (ONNX Runtime and OpenVINO get n when
-    their sessions are built); returns the counts in force."""
-    from tblock import _runtime
-    tblock.set_num_threads(min(n, _runtime.pool_size()))     # every tblock call, any thread
-    counts = {"requested": n, "numba": tblock.get_num_threads()}
-    if {"torch", "compile", "openvino"} & set(names):
-        import torch
-        torch.set_num_threads(n)
-        counts["torch"] = torch.get_num_threads()
-    for name in ("ort", "openvino"):
-        if name in names:
-            counts[name] = n
-    try:
-        from threadpoolctl import threadpool_info, threadpool_limits
-        threadpool_limits(limits=n)         # for the process: numpy's matmul and the oracle
-        counts["blas"] = {f"{i['internal_api']} {i.get('version')}": i["num_threads"] for i in threadpool_info()}
-    except ImportError:
-        counts["blas"] = "not pinned (threadpoolctl is not installed)"
+    """tblock, the BLAS pools and torch at n threads for the rest of the run (tblock.perf);
+    ONNX Runtime and OpenVINO get n when their sessions are built. The counts in force."""
+    counts, _ = perf.pin_threads(n, with_torch=bool({"torch", "compile", "openvino"} & set(names)))
+    counts.update({name: n for name in ("ort", "openvino") if name in names})
     return counts
 
 
 # ---------------------------------------------------------------------------------------
-# timing
-
-# After a parallel region, thread pools (torch's OpenMP, ONNX Runtime's, Numba's "omp"
-# layer) spin for a few milliseconds before they sleep; a call started meanwhile shares the
-# cores with them.  So each implementation runs in blocks of back-to-back calls, with a
-# pause before the block and its first call not counted: each is timed as it runs in a
-# loop, and none pays for another's spinning threads.
-PAUSE_S = 0.05
-PER_BLOCK = 4          # timed samples per implementation per round
-SAMPLE_S = 0.005       # cheap calls are looped until a sample lasts this long
-
-
-def interleaved(fns, min_reps, budget_s, max_reps=200):
-    """Rounds of every fn in turn until each has min_reps samples and the budget is spent;
-    {name: [seconds per call, one per sample]}."""
-    if not fns:
-        return {}
-    inner = {}
-    for name, f in fns.items():
-        f()
-        inner[name] = max(1, math.ceil(SAMPLE_S / max(_timed(f), 1e-9)))
-    times = {name: [] for name in fns}
-    start = time.perf_counter()
-    while True:
-        n = min(len(t) for t in times.values())
-        if n >= max_reps or (n >= min_reps and time.perf_counter() - start >= budget_s):
-            return times
-        for name, f in fns.items():
-            time.sleep(PAUSE_S)
-            f()                                 # wakes the thread pool; not counted
-            for _ in range(PER_BLOCK):
-                t = time.perf_counter()
-                for _ in range(inner[name]):
-                    f()
-                times[name].append((time.perf_counter() - t) / inner[name])
-
+# timing: tblock.perf.interleaved, rounds of every implementation in turn
 
 def build_all(names, w, cfg, H, threads):
     """tblock and each peer, built and checked against the oracle: {name: record}; a record
@@ -196,10 +142,10 @@ def bench_point(d, h, T, B, names, quick, threads):
     fns = {n: r.pop("fn") for n, r in impls.items() if "fn" in r}
     # seconds of rounds after the minimum: more for slow calls, whose medians need more samples
     budget = (1.0 if quick else 3.0) * len(fns) * (1 + B * T / 1024)
-    times = interleaved(fns, 3 if quick else 7, budget)
+    times = perf.interleaved(fns, 3 if quick else 7, budget)
     for name, ts in times.items():
         impls[name].update(median_s=float(np.median(ts)), best_s=min(ts), reps=len(ts))
-    row = {"d": d, "heads": h, "T": T, "B": B, "causal_flops": causal_flops(d, T, B), "impls": impls}
+    row = {"d": d, "heads": h, "T": T, "B": B, "causal_flops": causal_flops(d, h, T, B), "impls": impls}
     tb = impls["tblock"].get("median_s")
     timed = {n: r["median_s"] for n, r in impls.items() if n != "tblock" and "median_s" in r}
     if tb and timed:
@@ -222,7 +168,7 @@ def gemm_gflops(names):
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((K, N), dtype=np.float32)
     C = np.empty((M, N), np.float32)
-    best = lambda f: min(_timed(f) for _ in range(7))
+    best = lambda f: min(perf.seconds(f) for _ in range(7))
     np.matmul(A, B, out=C)
     res = {"shape": [M, K, N], "numpy_matmul": 2 * M * N * K / best(lambda: np.matmul(A, B, out=C)) / 1e9}
     if {"torch", "compile", "openvino"} & set(names):
@@ -278,14 +224,10 @@ def fma_loop(threads):
 
 
 def fma_rate(n, threads):
-    """GFLOP/s of one run of the FMA loop (n iterations per thread), chunk size 1."""
-    import numba
+    """GFLOP/s of one run of the FMA loop (n iterations per thread), run as tblock's
+    parallel calls are (parallel_call: its thread count, chunk size 1)."""
     loop, flops_per_iter = fma_loop(threads)
-    old = numba.set_parallel_chunksize(1)
-    try:
-        return threads * n * flops_per_iter / _timed(lambda: loop(n)) / 1e9
-    finally:
-        numba.set_parallel_chunksize(old)
+    return threads * n * flops_per_iter / perf.seconds(parallel_call, loop, n) / 1e9
 
 
 def measured_fma_peak(threads, runs):
@@ -320,10 +262,10 @@ def matched_efficiency(threads, pairs):
     H = np.random.default_rng(1).standard_normal((T, d)).astype(np.float32)
     f = lambda: tblock.forward(H, w, cfg, backend="numba")
     f()
-    n, fl = 8_000_000, causal_flops(d, T)
+    n, fl = 8_000_000, causal_flops(d, h, T)
     peaks, rates, shares = [fma_rate(n, threads)], [], []
     for _ in range(pairs):
-        rates.append(fl / _timed(f) / 1e9)
+        rates.append(fl / perf.seconds(f) / 1e9)
         peaks.append(fma_rate(n, threads))
         shares.append(rates[-1] / ((peaks[-2] + peaks[-1]) / 2))
     return {"pairs": pairs, "median_share": float(np.median(shares)), "best_share": max(shares),
@@ -450,13 +392,6 @@ def parse_peers(text):
     return list(dict.fromkeys(names))
 
 
-def usable_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions; no peer memory, no T=32768")
@@ -464,7 +399,7 @@ def main(argv=None):
                     help="sizes to compare (default: issue #12's seven and the toy block 8:2:4)")
     ap.add_argument("--peers", type=parse_peers, default=list(peers.PEERS),
                     help="comma-separated, from torch,compile,ort,openvino (default: all that are installed)")
-    ap.add_argument("--threads", type=int, default=usable_cores(), help="threads for every implementation")
+    ap.add_argument("--threads", type=int, default=perf.usable_cores(), help="threads for every implementation")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
     args = ap.parse_args(argv)
@@ -492,7 +427,7 @@ def main(argv=None):
         "tolerance": peers.TOLERANCE, "quick": args.quick, "tblock_warmup_s": warmup_s,
         "loadavg_start": list(os.getloadavg()), "points": []}
     v, c, p = results["versions"], results["cpu"], results["isa"]
-    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), {usable_cores()} usable cores; "
+    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), {perf.usable_cores()} usable cores; "
           f"tblock path {p['name']} ({p['vector_bytes']}-byte vectors, {p['nv']}-vector micro-tile rows, KC {p['kc']}, "
           f"LLVM cpu {p['cpu']}{', forced' if p['forced'] else ''}); {args.threads} threads "
           f"({', '.join(f'{k} {x}' for k, x in threads.items() if k not in ('requested', 'blas'))})")

@@ -114,3 +114,12 @@ def flops(cfg: BlockConfig, T: int) -> FlopCount:
     return FlopCount(T=T, full=order(full), causal=order(causal),
                      crossover_full=crossover_T(cfg, False), crossover_causal=crossover_T(cfg, True),
                      ffn_matmul_flops=4 * T * d * f)
+
+
+def matmul_flops(cfg: BlockConfig, T: int, causal: bool = True) -> int:
+    """The block's matrix-product FLOPs on T tokens (projections, FFN, scores, AV; no
+    biases or elementwise work): what a kernel's GFLOP/s are quoted against. With
+    d_ff = 4 d_model and causal: 24 T d^2 + 2 T (T + 1) d."""
+    fc = flops(cfg, T)
+    c = fc.causal if causal else fc.full
+    return c["qkv"] + c["out_proj"] + fc.ffn_matmul_flops + c["scores"] + c["av"]

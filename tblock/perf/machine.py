@@ -83,10 +83,9 @@ def machine_info() -> dict:
     }
 
 
-@contextlib.contextmanager
-def pinned_threads(n: int, with_torch: bool):
-    """Run the body with numba, the BLAS (and OpenMP) pools and torch all at ``n`` threads;
-    yields the counts actually in force, and restores the previous ones."""
+def pin_threads(n: int, with_torch: bool):
+    """Numba, the BLAS (and OpenMP) pools and torch all at ``n`` threads; returns the counts
+    actually in force and a function that puts the previous ones back."""
     from .. import _runtime      # the numba backend's count, applied to each of its calls
     counts = {"requested": n}
     undo = []
@@ -108,17 +107,24 @@ def pinned_threads(n: int, with_torch: bool):
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
         counts["blas"] = "not pinned: threadpoolctl is not installed"
-        limiter = contextlib.nullcontext()
     else:
-        limiter = threadpool_limits(limits=n)
-    try:
-        with limiter:
-            if "blas" not in counts:
-                # one entry per loaded library: numpy and scipy each bundle an OpenBLAS, and
-                # torch and numba's OpenMP layer may each bring a libgomp
-                counts["blas"] = {f"{i['prefix']} {i.get('version') or os.path.basename(i['filepath'])}":
-                                  i["num_threads"] for i in threadpool_info()}
-            yield counts
-    finally:
+        undo.append(threadpool_limits(limits=n).restore_original_limits)
+        # one entry per loaded library: numpy and scipy each bundle an OpenBLAS, and
+        # torch and numba's OpenMP layer may each bring a libgomp
+        counts["blas"] = {f"{i['prefix']} {i.get('version') or os.path.basename(i['filepath'])}":
+                          i["num_threads"] for i in threadpool_info()}
+
+    def restore():
         for f in reversed(undo):
             f()
+    return counts, restore
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int, with_torch: bool):
+    """The body runs with every library at ``n`` threads (pin_threads); yields the counts."""
+    counts, restore = pin_threads(n, with_torch)
+    try:
+        yield counts
+    finally:
+        restore()

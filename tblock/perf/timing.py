@@ -1,4 +1,4 @@
-"""One timing harness: warm-up, looped repeats, medians, the T grid and a progress bar."""
+"""One timing harness: warm-up, looped repeats, interleaved rounds, the T grid and a progress bar."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ def settle(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def seconds(fn, *args) -> float:
+    """Wall time of one call."""
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
 def first_calls(fn, args) -> tuple[float, float]:
     """Seconds of the first call (compilation and first touch land there) and of the second,
     which sizes what follows."""
-    t0 = time.perf_counter()
-    fn(*args)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fn(*args)
-    return first, time.perf_counter() - t0
+    return seconds(fn, *args), seconds(fn, *args)
 
 
 def measure(fn, args, repeats: int, min_repeat_s: float, target_s: float = 0.0) -> dict:
@@ -40,6 +42,40 @@ def measure(fn, args, repeats: int, min_repeat_s: float, target_s: float = 0.0) 
         times.append((time.perf_counter() - t0) / inner)
     return {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times),
             "times_s": times, "inner": inner, "repeats": n}
+
+
+# Thread pools (torch's OpenMP, ONNX Runtime's, Numba's "omp" layer) spin for a few
+# milliseconds after a parallel region; a call started meanwhile shares the cores with them.
+# So interleaved() runs each implementation in blocks of back-to-back calls, after a pause
+# and one uncounted call: each is timed as it runs in a loop, none pays for another's threads.
+PAUSE_S = 0.05
+PER_BLOCK = 4          # timed samples per implementation per round
+SAMPLE_S = 0.005       # cheap calls are looped until a sample lasts this long
+
+
+def interleaved(fns, min_reps, budget_s, max_reps=200):
+    """Rounds of every fn in turn, so all share the machine's load, until each has
+    ``min_reps`` samples and ``budget_s`` is spent; {name: [seconds per call, a sample each]}."""
+    if not fns:
+        return {}
+    inner = {}
+    for name, f in fns.items():
+        f()
+        inner[name] = max(1, math.ceil(SAMPLE_S / max(seconds(f), 1e-9)))
+    times = {name: [] for name in fns}
+    start = time.perf_counter()
+    while True:
+        n = min(len(t) for t in times.values())
+        if n >= max_reps or (n >= min_reps and time.perf_counter() - start >= budget_s):
+            return times
+        for name, f in fns.items():
+            settle(PAUSE_S)
+            f()                                 # wakes the thread pool; not counted
+            for _ in range(PER_BLOCK):
+                t = time.perf_counter()
+                for _ in range(inner[name]):
+                    f()
+                times[name].append((time.perf_counter() - t) / inner[name])
 
 
 def t_grid(d_model: int, top: int, per_doubling: int = 1, lo: int | None = None, hi: int | None = None) -> list[int]:
