@@ -19,10 +19,9 @@ __version__ = "0.1.0"
 
 # The default backend, and with it Numba, is imported with tblock: nearly every use loads
 # it anyway (BlockWeights checks finiteness with a compiled kernel, even for the numpy
-# oracle), and a process that has imported tblock then holds the runtime its forward pass
-# runs on, as one that has imported torch does.  Measured here: `import tblock` 0.13 ->
-# 0.41 s, 27 -> 96 MiB; the first compiled call still adds ~60 MiB for LLVM's JIT.
-# Compiling happens on first use or in warmup(), never at import.
+# oracle), so a process that has imported tblock holds the runtime its forward pass runs
+# on, as one that has imported torch does.  Compiling happens on first use or in
+# warmup(), never at import.
 try:
     from .backends import numba as _default_backend
 except Exception:                   # Numba missing or broken, or a bad TBLOCK_ISA: the numpy

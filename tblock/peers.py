@@ -72,9 +72,9 @@ def peer_status(name: str) -> tuple[bool, str]:
 
 def import_early(names) -> None:
     """Import torch now if a peer in ``names`` needs it: call this before Numba's thread pool
-    starts (numba.set_num_threads, or tblock's first parallel call). Imported after that pool
-    and then given a thread count, torch ran its OpenMP regions 50x slower here (8 ms a call
-    instead of 0.17 ms at d_model 64, B 4). Import the other peers after the pool: OpenVINO
+    starts (numba.set_num_threads, or tblock's first parallel call): imported after that pool
+    and then given a thread count, torch runs its OpenMP regions many times slower.
+    Import the other peers after the pool: OpenVINO
     loads TBB, which a Numba pool started after it takes for its threading layer."""
     if any("torch" in NEEDS[n] for n in names):
         _module_status("torch")

@@ -41,10 +41,8 @@ from .numpy import head_mix, head_probs
 
 _PARALLEL_LOCK = threading.Lock()
 
-# Below this many FLOPs a forward pass runs serially.  Measured on 2 cores (serial /
-# parallel, float32): 0.9 MFLOP (d=32, T=32) 48 / 59 us; 3.3 MFLOP (d=64, T=32) 64 / 56 us;
-# 6.8 MFLOP (d=64, T=64) 106 / 109 us; the lesson's block (6 kFLOP) 4.5 / 17 us: waking
-# the pool for the block's five parallel stages costs tens of microseconds per call.
+# Below this many FLOPs a forward pass runs serially: waking the pool for the block's
+# parallel stages costs more than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
 
 _KEY = "numba-packed"
@@ -122,8 +120,7 @@ def forward_batch(H, weights, cfg, trace):
     float32/float64 array; compute in H's dtype; return (H_out, trace dict or None), or
     (None, None) when H holds a NaN or an Inf (CHECKS_FINITE: the API then says where).
 
-    Kept lean: at the lesson's size (T=4, d_model=8) the compiled block takes ~2 us and
-    every Python step here is a visible fraction of a call."""
+    Kept lean: at the lesson's size every Python step here is a visible fraction of a call."""
     if trace:
         if not all_finite(H):
             return None, None
@@ -133,7 +130,7 @@ def forward_batch(H, weights, cfg, trace):
         plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
     _, flat, scalars, per_row, per_key = plan
     B, T, d = H.shape
-    # _block_flops, inlined with the per-config parts precomputed (a call costs ~0.1 us)
+    # _block_flops, inlined with its per-config parts precomputed: a call would show at small sizes
     if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
         out, finite = block_serial(H, flat, T, d, *scalars, 1)
