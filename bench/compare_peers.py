@@ -60,26 +60,6 @@ def causal_flops(d, h, T, B=1):
 # ---------------------------------------------------------------------------------------
 # the machine
 
-def cpu_info():
-    """CPU model and family of the first processor in /proc/cpuinfo (a VM's model name can
-    be as short as 'AMD EPYC'; family and model tell the generation)."""
-    keys = {"model name": "model", "vendor_id": "vendor", "cpu family": "family", "model": "model_id",
-            "stepping": "stepping", "cpu MHz": "mhz"}
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break                       # the end of the first processor's block
-                k, _, v = line.partition(":")
-                if k.strip() in keys:
-                    info[keys[k.strip()]] = v.strip()
-    except OSError:
-        pass
-    info.setdefault("model", platform.processor() or platform.machine())
-    return info
-
-
 def isa_path():
     """tblock's vector path: which SIMD width its kernels were compiled for."""
     from tblock.kernels import isa
@@ -422,7 +402,7 @@ def main(argv=None):
     threads["numba_threading_layer"] = numba.threading_layer()
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_info(), "isa": isa_path(), "threads": threads, "versions": versions(),
+        "cpu": perf.cpu_info(), "isa": isa_path(), "threads": threads, "versions": versions(),
         "peers": names, "not_run": {n: why for n, (ok, why) in status.items() if not ok},
         "tolerance": peers.TOLERANCE, "quick": args.quick, "tblock_warmup_s": warmup_s,
         "loadavg_start": list(os.getloadavg()), "points": []}

@@ -29,15 +29,28 @@ def package_version(module):
         return None
 
 
-def cpu_model() -> str:
+def cpu_info() -> dict:
+    """CPU model and family of the first processor in /proc/cpuinfo (a VM's model name can
+    be as short as 'AMD EPYC'; family and model tell the generation)."""
+    keys = {"model name": "model", "vendor_id": "vendor", "cpu family": "family", "model": "model_id",
+            "stepping": "stepping", "cpu MHz": "mhz"}
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break                       # the end of the first processor's block
+                k, _, v = line.partition(":")
+                if k.strip() in keys:
+                    info[keys[k.strip()]] = v.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    info.setdefault("model", platform.processor() or platform.machine())
+    return info
+
+
+def cpu_model() -> str:
+    return cpu_info()["model"]
 
 
 def blas_info() -> list:
