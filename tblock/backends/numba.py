@@ -2,18 +2,20 @@
 
 Validation happens in tblock.api; this module only prepares the weights once per
 dtype (packed and fused into one flat buffer, cached on the BlockWeights) and makes a
-single call into compiled code per forward pass.
+single call into compiled code per forward pass.  The trace path materialises every
+intermediate with the oracle's per-head loop around the kernels' softmax, and
+``components`` drives the block's own kernels one stage at a time for the report.
 
 Threading: all parallel work runs in Numba's thread pool, inside the compiled block, on
 tblock's thread count (tblock.set_num_threads; Numba's own count is per Python thread, so
 parallel_call sets it in the calling thread); no BLAS is called on that path, so BLAS
 threads never compete with it.  Numba's "workqueue" layer aborts if two Python threads
 enter parallel code at once, and the OpenMP/TBB layers would run both regions on the
-same cores, oversubscribed.  A lock
-around the parallel call therefore makes concurrent callers take turns: each call
-still uses every core, and the results are exactly the serial ones.  The serial
-variant (small blocks, one thread, and a child forked after an OpenMP region: see
-tblock._runtime) holds no lock and releases the GIL; it gives the same bits.
+same cores, oversubscribed.  A lock around the parallel call therefore makes
+concurrent callers take turns: each call still uses every core, and the results are
+exactly the serial ones.  The serial variant (small blocks, one thread, and a child
+forked after an OpenMP region: see tblock._runtime) holds no lock and releases the GIL;
+it gives the same bits.
 """
 
 from __future__ import annotations
