@@ -1,5 +1,10 @@
-"""Measurement: the machine's facts, thread pinning and one timing harness, shared by
-``tblock report``, bench/conftest.py and the peer comparison."""
+"""Measurement, shared by ``tblock report``, bench/conftest.py and bench/compare_peers.py.
+
+    machine  the machine's facts (CPU, BLAS, versions, commit) and the thread pinning
+    timing   the one timing harness: warm-up, repeats and medians, interleaved rounds,
+             the T grid, a progress bar
+    peak     the float32 FMA peak at tblock's vector width (imported by name: it compiles)
+"""
 
 from .machine import (blas_info, cpu_info, cpu_model, git_commit, machine_info, package_version, pin_threads,
                       pinned_threads, usable_cores)
