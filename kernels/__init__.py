@@ -1,10 +1,10 @@
 """Numba kernels, installed as ``tblock.kernels`` (never as a bare ``kernels``).
 
-Each module holds small ``@njit`` functions with one job, for float32 and float64,
-writing into caller-allocated outputs; ``tblock._numba_backend`` validates nothing (the
-API did) and only prepares weights and dispatches.
+Each module holds small compiled functions (``options.kernel``) with one job, for float32
+and float64, writing into caller-allocated outputs; ``tblock.backends.numba`` validates
+nothing (the API did) and only prepares weights and dispatches.
 
-    options     compiler flags shared by all kernels (fast-math without nnan/ninf, cache)
+    options     compiler flags and the ``kernel`` decorator shared by all kernels
     isa         the vector path (avx512 / avx2 / generic): vector width, micro-tile, KC
     cache       Numba's cache, one directory per path
     simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
@@ -12,11 +12,12 @@ API did) and only prepares weights and dispatches.
     layout      panel, stride and task arithmetic: weight layout, packed K/V sizes, task grids
     layernorm   row LayerNorm with the affine fused in
     activations bias + activation (gelu_tanh, gelu_erf, relu) over a tile
-    softmax     masked (causal / additive / boolean) row softmax, for the trace path
+    softmax     causal or unmasked row softmax of a whole score matrix, for the trace path
     attention   flash-style attention for one head (online softmax over key tiles), and
                 the untiled per-query kernel for tiny sequences
-    block       the whole block as one compiled call (serial and parallel builds), and
-                its stages as functions (qkv_task, attention_task, attention_core)
+    stages      the tasks of the block's stages (projection, attention, W_O, FFN pieces)
+    block       the whole block as one compiled call (serial and parallel builds), and the
+                attention on its own (attention_core) for the component timings
 
 Numba's cache is one directory per vector path, and any edit to a module of this package
 invalidates all of it (``cache``): the block inlines code from every sibling.

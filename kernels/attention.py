@@ -6,7 +6,7 @@ for all heads, row stride ldx).  Per head, K is packed transposed into NR-wide p
 (``pack_kt``: the micro-kernel wants the key index along the vector lanes for
 S = Q K^T) and V into contiguous rows (``pack_v``); each task copies its query tile.
 In X a head's row is 64 elements in a 9 KiB stride, a new page per token: read in
-place, a 128-key tile touched 128 pages and the TLB misses cost ~25%.
+place, a key tile would touch a page per key and miss the TLB.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     Loop order: key tiles outside, sub-tiles of QSUB queries inside, so each key tile
     (K^T and V: 2 x 64 KiB at BK=256, dk=64) is used by all the task's queries while it
     is in L2; at T=4096 a head's K and V (1 MiB each) no longer fit L2, and re-reading
-    them from L3 for every 96 queries cost ~25% against torch's SDPA.
+    them from L3 for every few dozen queries would cost more than the tile loop saves.
     With ``causal`` the key tiles at or beyond q1 (entirely above the diagonal) are never
     visited, nor the parts of a tile above a sub-tile's or micro-tile's last query."""
     W = lanes(Kt)

@@ -2,8 +2,7 @@
 
 One compiled function runs a forward pass of the block over B sequences, so a call
 from Python crosses into Numba once.  Its four stages are loops over independent
-tasks; each task calls the serial kernels of this package (tile and stride arithmetic:
-``layout``):
+tasks (``stages``; their tile and stride arithmetic: ``layout``):
 
   1. QKV:   [LN1 of a row block into scratch] then X @ [W_q W_k W_v]: Q into ``q``,
             K and V through a task-sized scratch straight into the layouts attention
@@ -26,7 +25,7 @@ column panel (``stage_grid``), and the Pre-LN's LN1 becomes a stage of its own.
 
 ``block_parallel`` runs every stage's tasks with ``prange``; ``block_serial`` is the
 same code compiled without it, for sizes where launching a parallel region costs more
-than the work (the lesson's toy block is ~2 us of arithmetic).  Callers of
+than the work (the lesson's toy block).  Callers of
 ``block_parallel`` should set numba's parallel chunk size to 1 (it is thread-local):
 tasks are coarse and causal attention tasks differ in cost, so dynamic scheduling
 one task at a time balances the cores (each head's costly query tiles are issued first).
@@ -44,288 +43,15 @@ import types
 import numpy as np
 from numba import prange
 
-from .activations import bias_act_rows
-from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import KC, gemm_block, gemm_panels
+from .gemm import KC, gemm_block
 from .layernorm import layernorm_rows
-from .layout import (kt_len, packed_len, panels, rows_per_task, stage_grid, task_tile, v_stride,
-                     weight_layout)
+from .layout import panels, rows_per_task, stage_grid, task_tile, weight_layout
 from .options import kernel
-from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
+from .simd import panel_lanes
+from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
+                     copy_add, ffn_down_task, ffn_tile, ffn_up_task, layernorm_piece, pack_head,
+                     qkv_task)
 from .validate import all_finite
-
-# tile sizes (rows are tokens of all sequences together, except in attention); the
-# measurements behind each are in docs/perf-log.md
-MC = 192      # rows per QKV / W_O task at most (rows_per_task balances them): each task
-              # streams all of W_qkv or W_o, so more rows read them less often, while the
-              # 384 KiB+ A block still fits L2
-BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
-BK = 256      # keys per attention tile, a multiple of NR on every path and dtype (more keys
-              # amortise the per-row softmax bookkeeping)
-MF = 192      # rows per FFN task at most: every task streams all of W_1 and W_2 (19 MiB
-              # at d_model=768, from L3), so more rows per task mean fewer passes over them
-FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every path: the
-              # 192 x 256 chunk (192 KiB) stays in L2, where a whole (192, d_ff) hidden
-              # tile spilled to L3
-# attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
-# this: below it, packing and tiles cost more than the whole untiled loop
-DIRECT_MAX = 8192
-
-
-@kernel
-def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
-    """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
-    Y may be X."""
-    W = lanes(X)
-    for j in range(0, n, W):
-        v = vload_n(X, x_off + j, n - j)
-        if add:
-            v = vadd(v, vload_n(P, p_off + j, n - j))
-        vstore_n(Y, y_off + j, v, n - j)
-
-
-@kernel
-def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
-    """The feed-forward of m rows: out[r] = [out[r] +] b2 + act(X[r] W_1 + b1) W_2, with
-    X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X must not overlap out
-    (out is written before X is read for the last chunk).
-
-    The hidden layer is made FF_CHUNK columns at a time: up-projection of the chunk,
-    bias + activation, then its band of W_2 rows accumulated onto out.  The (m, FF_CHUNK)
-    hidden chunk is the only place the hidden layer exists, and it stays in L2 while the
-    down-projection reads it once per output panel (a whole (192, 3072) hidden tile
-    spilled to L3 and was read back 12 times).  The summation order over d_ff is the
-    same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
-    NR = panel_lanes(Wf)
-    o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
-    ch = min(FF_CHUNK, panels(dff, NR) * NR)
-    # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
-    # fall in the same L1 sets, where the micro-kernel's six A rows evict each other
-    ldh = ch + 64 // X.itemsize
-    hid = np.empty(m * ldh, dtype=X.dtype)
-    for r in range(m):
-        if residual:
-            copy_add(out, out_off + r * d, out, out_off + r * d, d, Wf, o_b2, True)
-        else:
-            copy_add(Wf, o_b2, out, out_off + r * d, d, Wf, 0, False)
-    for c0 in range(0, dff, ch):
-        cw = min(ch, dff - c0)
-        # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, panels(c0 + cw, NR),
-                   hid, -c0, ldh, False, KC)
-        bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
-        # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
-        gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, panels(d, NR),
-                    out, out_off, d, True, KC)
-
-
-@kernel
-def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
-    """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
-    r0 = t * rows // pieces
-    r1 = (t + 1) * rows // pieces
-    layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
-
-
-@kernel
-def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
-    """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
-    act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
-    NR = panel_lanes(Wf)
-    layout = weight_layout(d, dff, NR)
-    o_1, o_b1 = layout[2], layout[4]
-    gemm_block(X, 0, d, 0, rows, Wf, o_1, d, dff, p, p + 1, hid, 0, ldh, False, KC)
-    c0 = p * NR
-    bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
-
-
-@kernel
-def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
-    """Column panel p of the FFN's output added onto the residual in out, for all rows:
-    out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
-    (b2 first, then k blocks of KC), as ffn_tile's chunks, so the two FFN paths agree
-    to the bit."""
-    NR = panel_lanes(Wf)
-    layout = weight_layout(d, dff, NR)
-    o_2, o_b2 = layout[3], layout[5]
-    c0 = p * NR
-    n = min(d, c0 + NR) - c0
-    for r in range(rows):
-        copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC)
-
-
-@kernel
-def attention_buffers(like, nseq, T, d, n_heads):
-    """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
-    every (sequence, head), in the dtype of ``like``; see attention_task."""
-    NR = panel_lanes(like)
-    dk = d // n_heads
-    ktn = kt_len(T, dk, NR)
-    ldv = v_stride(dk, NR)
-    nbh = nseq * n_heads
-    return np.empty(nbh * ktn, dtype=like.dtype), np.empty(nbh * T * ldv, dtype=like.dtype)
-
-
-@kernel
-def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
-    """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; K[r, c] is
-    S.flat[(r - r0) * lds + c - c0]) into the K^T panels of their heads
-    (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
-    last panel.  Stores run along the keys, contiguous within a panel."""
-    NR = panel_lanes(Kt)
-    ktn = kt_len(T, dk, NR)
-    r = r0
-    while r < r1:
-        b = r // T
-        e = min(r1, (b + 1) * T)                     # rows r..e-1 are one sequence's
-        t0 = r - b * T
-        for h in range(c0 // dk, (c1 - 1) // dk + 1):
-            ca = max(c0, h * dk)
-            cb = min(c1, (h + 1) * dk)
-            head = (b * n_heads + h) * ktn - h * dk * NR
-            for c in range(ca, cb):
-                src = (r - r0) * lds + c - c0
-                for i in range(e - r):
-                    t = t0 + i
-                    Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * lds]
-                if e == (b + 1) * T:
-                    for t in range(T, panels(T, NR) * NR):
-                        Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = 0.0
-        r = e
-
-
-@kernel
-def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
-    """Columns c0..c1 of the V rows r0..r1 (as in store_kt) into the contiguous per-head
-    rows of Vp (ldv = d_k rounded up to NR); where c1 ends a head, its padding columns
-    d_k..ldv are zeroed."""
-    W = lanes(Vp)
-    NR = panel_lanes(Vp)
-    ldv = v_stride(dk, NR)
-    zero = vsplat(Vp, 0.0)
-    for r in range(r0, r1):
-        b = r // T
-        t = r - b * T
-        for h in range(c0 // dk, (c1 - 1) // dk + 1):
-            ca = max(c0, h * dk)
-            cb = min(c1, (h + 1) * dk)
-            src = (r - r0) * lds + ca - c0
-            dst = ((b * n_heads + h) * T + t) * ldv + ca - h * dk
-            n = cb - ca
-            for c in range(0, n, W):
-                vstore_n(Vp, dst + c, vload_n(S, src + c, n - c), n - c)
-            if cb == (h + 1) * dk:
-                row = ((b * n_heads + h) * T + t) * ldv
-                for c in range(dk, ldv, W):
-                    vstore_n(Vp, row + c, zero, ldv - c)
-
-
-@kernel
-def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
-             q, ldq, kt, vp, packed):
-    """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v]
-    (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
-
-    With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
-    layouts attention reads (K^T panels in kt, per-head rows in vp), through a scratch
-    of the task's rows and panels, still in L2: the (rows, 3d) projection buffer and a
-    separate pass that packed K and V out of it are never needed (at d_model=768, T=4096
-    they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
-    Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
-    NR = panel_lanes(Wf)
-    npd = panels(d, NR)
-    wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
-    m = r1 - r0
-    dk = d // n_heads
-    if pre_ln:
-        A = np.empty(m * d, dtype=H.dtype)
-        layernorm_rows(H, r0 * d, d, A, 0, d, m, d, Wf, o_g1, o_be1, eps)
-        a_off = 0
-    else:
-        A = H
-        a_off = r0 * d
-    for j in range(3):
-        a = max(p0, j * npd) - j * npd
-        b = min(p1, (j + 1) * npd) - j * npd
-        if a >= b:
-            continue
-        if j == 0 or not packed:
-            gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b,
-                       q, r0 * ldq + (0 if packed else j * d), ldq, False, KC)
-            continue
-        lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        S = np.empty(m * lds, dtype=H.dtype)
-        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC)
-        if j == 1:
-            store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
-        else:
-            store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
-
-
-@kernel
-def pack_head(qkv, T, d, n_heads, t, kt, vp):
-    """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
-    contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
-    NR = panel_lanes(kt)
-    dk = d // n_heads
-    ld = 3 * d
-    ktn = kt_len(T, dk, NR)
-    ldv = v_stride(dk, NR)
-    b = t // n_heads
-    h = t % n_heads
-    pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
-    pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
-
-
-@kernel
-def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
-    """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
-    is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
-    columns.  K and V are packed in kt and vp (attention_buffers).  Tasks are numbered
-    head by head, and within a (sequence, head) costly-first: its last query tile (most
-    keys under a causal mask) first.  So the threads work on the same head at once and
-    share its K and V (2 MiB at T=4096) in L3; numbering the last tile of every head
-    first instead (each thread on a different head) ran 12 heads at T=4096 on 2 threads
-    in 185-199 ms against 132-155 ms this way (the same on 1 thread), measured side by side."""
-    NR = panel_lanes(kt)
-    dk = d // n_heads
-    ktn = kt_len(T, dk, NR)
-    ldv = v_stride(dk, NR)
-    nqt = (T + BQ - 1) // BQ
-    bh = t // nqt
-    qt = nqt - 1 - t % nqt
-    b = bh // n_heads
-    h = bh % n_heads
-    q0 = qt * BQ
-    q1 = min(T, q0 + BQ)
-    dt = q.dtype
-    # scratch sized to this tile (a short sequence needs far less than BQ x BK)
-    m = q1 - q0
-    bk = min(BK, panels(T, NR) * NR)
-    Qt = np.empty(m * dk, dtype=dt)
-    S = np.empty(min(m, QSUB) * bk, dtype=dt)
-    O = np.empty(m * ldv, dtype=dt)
-    mrow = np.empty(m)
-    lrow = np.empty(m)
-    flash_rows(q, ldq, b * T * ldq + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
-               q0, q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
-               q, (b * T + q0) * ldq + h * dk, ldq)
-
-
-@kernel
-def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
-    """Stage 2 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
-    sequence b = t // n_heads, output over its Q columns (attention_rows_direct
-    computes each query's row completely before writing it, from its own Q).
-    qkv: (B*T, 3d) rows [Q | K | V].  srow: float64 scratch, T elements per task."""
-    dk = d // n_heads
-    ld = 3 * d
-    b = t // n_heads
-    h = t % n_heads
-    base = b * T * ld + h * dk
-    attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
-                          srow[t * T:(t + 1) * T], qkv, base, ld)
 
 
 @kernel(parallel=True)
@@ -357,7 +83,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     NR = panel_lanes(Wf)
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
-    # crossing into compiled code (~0.4 us of the toy block's ~4 us call); the caller
+    # crossing into compiled code, a visible part of the toy block's call; the caller
     # reports where the NaN or the Inf is.
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), False

@@ -3,7 +3,7 @@
 Layout
   * A: addressed as (flat array, offset of A[0, 0], row stride, k stride); it is read
     in place, never packed: a micro-kernel reads MR rows, each sequentially in k, which
-    the prefetchers follow (packing A measured no faster here).
+    the prefetchers follow (packing A was no faster: docs/perf-log.md).
   * B: packed once into panels of NR columns, panel p holding B[:, p*NR:(p+1)*NR] as a
     (K, NR) row-major block, zero-padded past N (``pack_b``).  Weights are packed when
     they are prepared, so the hot loop reads B as one contiguous stream per panel.
@@ -120,13 +120,12 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
     times NR, b_off pointing at the band's first row in panel 0).  Loop order: panels,
     then k blocks of KC, then micro row-tiles: the KC x NR slice of a panel (KC=128:
     32 KiB of float32) stays in L1 while every row tile of the block passes over it,
-    and the block's C panel stays in L1/L2 across the k blocks (measured 5-10% faster
-    than k blocks outermost).
+    and the block's C panel stays in L1/L2 across the k blocks.
 
     The weights (B) do not fit L2 and each slice is used for only one pass of row tiles,
     so while one slice is in use the next one is prefetched into L2, a few lines before
     each micro-kernel call: the first row tile of a slice then finds it in L2 instead of
-    waiting on L3 (4-9% on the d_model=768 FFN, measured side by side)."""
+    waiting on L3."""
     NR = panel_lanes(Bp)
     if p1 - p0 == 1 and K <= KC and i1 - i0 <= MR:
         # one micro-tile (the lesson's toy block is made of these): straight to the

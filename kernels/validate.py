@@ -11,8 +11,8 @@ from .options import JIT
 def all_finite(a):
     """True when no entry of ``a`` (any shape, any strides) is NaN or +-Inf.
 
-    The API checks every input with this: at T=4, d_model=8 a compiled loop with an early
-    exit costs ~0.4 us against ~1.5 us for numpy's isfinite(a).all() (two ufunc calls)."""
+    The API checks every input with this: a compiled loop with an early exit, cheaper at
+    the toy size than numpy's isfinite(a).all() (two ufunc calls)."""
     for x in a.flat:
         if not math.isfinite(x):
             return False

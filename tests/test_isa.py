@@ -61,7 +61,7 @@ def test_vector_width_and_micro_tile_follow_the_path(dtype):
     regs = {"avx512": 32, "avx2": 16, "generic": 32 if NV == 4 else 16}[isa.PATH.name]
     assert isa.MR * NV + NV + 1 <= regs
     # FF_CHUNK is a multiple of KC, and a KC x NR slice of B fits in two thirds of L1
-    from tblock.kernels.block import BK, FF_CHUNK
+    from tblock.kernels.stages import BK, FF_CHUNK
     assert FF_CHUNK % KC == 0 and BK % NR == 0
     assert KC == 64 or 3 * KC * NR * np.dtype(dtype).itemsize <= 2 * isa._l1d_bytes()
 

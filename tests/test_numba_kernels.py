@@ -13,7 +13,8 @@ from tblock.backends import numpy as oracle
 from tblock.kernels import isa
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
 from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from tblock.kernels.block import BK, KC, store_kt, store_v
+from tblock.kernels.gemm import KC
+from tblock.kernels.stages import BK, store_kt, store_v
 from tblock.kernels.gemm import gemm_block, gemm_panels, pack_b, packed_size, panel_width
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.options import JIT

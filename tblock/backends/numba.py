@@ -31,7 +31,9 @@ from .. import _runtime
 from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
-from ..kernels.block import KC, MC, MF, attention_core, block_parallel, block_serial, ffn_tile
+from ..kernels.block import attention_core, block_parallel, block_serial
+from ..kernels.gemm import KC
+from ..kernels.stages import MC, MF, ffn_tile
 from ..kernels.layout import packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from ..kernels.gemm import gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
