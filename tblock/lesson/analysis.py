@@ -4,8 +4,8 @@ Everything here calls ``tblock.forward`` (or ``Stack``) with ``backend=...`` and
 the ``Trace``; nothing reaches into a backend. So every analysis runs on every backend.
 
 - perturbation test (the two mixing axes): ``perturb``
-- residual stream along depth: ``residual_norms_along_depth``
-- per-block gain: ``token_jacobian``, ``block_gain``, ``stack_trace``, ``systems_table``
+- residual stream along depth: ``residual_norms_along_depth`` (with the per-block gain,
+  ``token_jacobian``, ``block_gain``, ``stack_trace``, ``systems_table``, in ``depth``)
 - attention as a filter bank: ``filter_bank``, ``row_entropies_bits``
 - the exercises: ``forward_no_residual`` (Exercise 2), ``cfg.norm="post"`` everywhere
   (Exercise 3), ``perturb(token=0)`` (Exercise 4), ``ln_affine_fraction`` (Exercise 5)
@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..api import Stack, check_input, forward
+from ..api import check_input, forward
 from ..config import BlockConfig
 from ..counting import param_count
-from ..weights import BlockWeights, init_weights
+from ..weights import BlockWeights
 
 ATTENTION_MATRICES = ("w_q", "w_k", "w_v", "w_o")
 
@@ -205,158 +205,6 @@ def forward_no_residual(H_in, weights: BlockWeights, cfg: BlockConfig, backend: 
     return tr3.H_mid                                         # LN2(FFN(LN1(MHA(H_in))))
 
 
-def _block_fn(weights, cfg, backend, residual):
-    if residual:
-        return lambda H: forward(H, weights, cfg, backend=backend)
-    return lambda H: forward_no_residual(H, weights, cfg, backend=backend)
-
-
-# ---------------------------------------------------------------------------------------
-# Per-block gain: the finite-difference Jacobian of token T's output
-# ---------------------------------------------------------------------------------------
-
-SCHEMES = ("forward", "central")
-
-
-def token_jacobian(block, H, token: int = -1, step: float = 1e-5, scheme: str = "forward"):
-    """J[i, j] = d block(H)[token, i] / d H[token, j] by finite differences, (d_model, d_model).
-
-    ``block`` maps a (B, T, d_model) batch to a (B, T, d_model) batch (one block forward).
-    ``scheme="forward"`` is the lesson's (f(H + step e_j) - f(H)) / step, error O(step);
-    ``"central"`` is (f(H + step e_j) - f(H - step e_j)) / (2 step), error O(step^2).
-    All the perturbed copies of H go through ``block`` as one batch."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    if not (isinstance(step, (int, float)) and not isinstance(step, bool) and 0 < step < np.inf):
-        raise ValueError(f"step must be a positive finite number, got {step!r}")
-    H = np.asarray(H, dtype=np.float64)
-    T, d = H.shape
-    token = _index("token", token, T)
-    bumps = np.zeros((d, T, d))                             # (d, T, d_model): bump j in copy j
-    bumps[np.arange(d), token, np.arange(d)] = step
-    if scheme == "forward":
-        batch = np.concatenate([H[None], H[None] + bumps])  # (1 + d, T, d_model): base, then bumps
-        out = block(batch)[:, token, :]                     # (1 + d, d_model)
-        J_T = (out[1:] - out[0]) / step                     # row j = d out / d H[token, j]
-    else:
-        batch = np.concatenate([H[None] + bumps, H[None] - bumps])   # (2d, T, d_model)
-        out = block(batch)[:, token, :]                     # (2d, d_model)
-        J_T = (out[:d] - out[d:]) / (2 * step)
-    return J_T.T                                            # (d_model, d_model): J[i, j]
-
-
-def sigma_max(J) -> float:
-    """Largest singular value: the one-step gain of a (non-normal) Jacobian."""
-    return float(np.linalg.svd(J, compute_uv=False)[0])
-
-
-def block_gain(H, weights: BlockWeights, cfg: BlockConfig, token: int = -1, step: float = 1e-5,
-               scheme: str = "forward", backend: str | None = None, residual: bool = True) -> float:
-    """sigma_max of the Jacobian of token ``token``'s block output w.r.t. its own input
-    (default the last token, T, as in the lesson's Systems lens)."""
-    _check_cfg_weights(weights, cfg)
-    H = check_input(H, cfg)
-    return sigma_max(token_jacobian(_block_fn(weights, cfg, backend, residual), H, token, step, scheme))
-
-
-# ---------------------------------------------------------------------------------------
-# Residual stream along depth and the Systems-lens table
-# ---------------------------------------------------------------------------------------
-
-def residual_norms_along_depth(H0, cfg: BlockConfig, n_layers: int, seed=1300,
-                               backend: str | None = None) -> dict[str, np.ndarray]:
-    """|H_0|, ..., |H_N| through ``Stack.init(cfg, n_layers, seed)`` as initialised
-    ("unscaled") and with the 1/sqrt(2N) branch scaling ("scaled"); same draws in both."""
-    out = {}
-    for key, scale in (("unscaled", False), ("scaled", True)):
-        stack = Stack.init(cfg, n_layers, seed, scale_branches=scale, dtype=np.float64, backend=backend)
-        out[key] = stack.residual_norms(H0)
-    return out
-
-
-def stack_weights(cfg: BlockConfig, n_layers: int, seed=1300) -> list[BlockWeights]:
-    """Unscaled float64 weights for ``n_layers`` blocks, drawn as ``Stack.init`` draws them
-    (block l from the l-th child of SeedSequence(seed)), so a deeper stack starts with the
-    same blocks, like the lesson's one seed(1300) stream."""
-    return [init_weights(cfg, s, dtype=np.float64) for s in np.random.SeedSequence(seed).spawn(n_layers)]
-
-
-@dataclass(frozen=True)
-class StackTrace:
-    branch_scale: float         # factor on every block's w_o and w_ff2
-    norms: np.ndarray           # (N + 1,) |H_0|, ..., |H_N|
-    gains: np.ndarray           # (N,) sigma_max(J_l), forward difference, at block l's input
-    gains_central: np.ndarray   # (N,) the same from a central difference
-
-    @property
-    def norm_ratio(self) -> float:
-        """|H_N| / |H_0|."""
-        return float(self.norms[-1] / self.norms[0])
-
-    @property
-    def max_gain(self) -> float:
-        return float(self.gains.max())
-
-
-def stack_trace(H0, N: int, branch_scale: float, weights=None, cfg: BlockConfig | None = None,
-                seed=1300, backend: str | None = None, step: float = 1e-5, token: int = -1,
-                residual: bool = True) -> StackTrace:
-    """The lesson's ``stack_trace``: run H0 through N blocks whose w_o and w_ff2 are scaled by
-    ``branch_scale``; record |H_l| and, at every block's input, sigma_max of the
-    finite-difference Jacobian of token T's output w.r.t. its own input.
-
-    ``weights``: a list of at least N unscaled BlockWeights (the first N are used), or None
-    for ``stack_weights(cfg, N, seed)``. ``cfg`` defaults to the lesson's (d_model from H0,
-    2 heads). ``residual=False`` runs Exercise 2's blocks without the identity paths."""
-    H0 = np.asarray(H0, dtype=np.float64)
-    if cfg is None:
-        cfg = BlockConfig(d_model=H0.shape[-1], n_heads=2)
-    if isinstance(N, bool) or not isinstance(N, (int, np.integer)) or N < 1:
-        raise ValueError(f"N must be a positive integer, got {N!r}")
-    if weights is None:
-        weights = stack_weights(cfg, N, seed)
-    if len(weights) < N:
-        raise ValueError(f"weights must hold at least N={N} blocks, got {len(weights)}")
-    blocks = [w.scaled(branch_scale) for w in weights[:N]]
-    Stack(cfg, blocks, backend=backend)                     # checks every block against cfg
-    H = check_input(H0, cfg, "H0")
-    norms, gains, gains_c = [np.linalg.norm(H)], [], []
-    for w in blocks:
-        f = _block_fn(w, cfg, backend, residual)
-        gains.append(sigma_max(token_jacobian(f, H, token, step, "forward")))
-        gains_c.append(sigma_max(token_jacobian(f, H, token, step, "central")))
-        H = f(H)                                            # (T, d_model): next block's input
-        norms.append(np.linalg.norm(H))
-    return StackTrace(branch_scale=float(branch_scale), norms=np.array(norms),
-                      gains=np.array(gains), gains_central=np.array(gains_c))
-
-
-@dataclass(frozen=True)
-class SystemsRow:
-    N: int
-    unscaled: StackTrace        # branch scale 1
-    scaled: StackTrace          # branch scale 1/sqrt(2N)
-
-
-def systems_table(H0, Ns=(2, 4, 8), weights=None, cfg: BlockConfig | None = None, seed=1300,
-                  backend: str | None = None, residual: bool = True) -> list[SystemsRow]:
-    """The Systems lens: for each N, the same first N blocks unscaled and scaled by 1/sqrt(2N)."""
-    H0 = np.asarray(H0, dtype=np.float64)
-    if cfg is None:
-        cfg = BlockConfig(d_model=H0.shape[-1], n_heads=2)
-    if weights is None:
-        weights = stack_weights(cfg, max(Ns), seed)
-    return [SystemsRow(N=N,
-                       unscaled=stack_trace(H0, N, 1.0, weights, cfg, backend=backend, residual=residual),
-                       scaled=stack_trace(H0, N, 1.0 / math.sqrt(2 * N), weights, cfg, backend=backend,
-                                          residual=residual))
-            for N in Ns]
-
-
-# ---------------------------------------------------------------------------------------
-# Attention as a filter bank
-# ---------------------------------------------------------------------------------------
-
 def row_entropies_bits(A) -> np.ndarray:
     """Entropy in bits of every row of ``A`` (..., T, T); 0 log 0 = 0."""
     A = np.asarray(A, dtype=np.float64)
@@ -425,3 +273,20 @@ def ln_affine_negligible_from(threshold: float = 0.01) -> int:
 def ln_affine_delta(cfg: BlockConfig) -> int:
     """How much the per-block count grows with both LayerNorm affines: 4 d_model."""
     return param_count(cfg, ln_affine=True) - param_count(cfg, ln_affine=False)
+
+
+# The depth lenses live in tblock.lesson.depth (which imports this module's helpers), and
+# are this module's names too, loaded on first use.
+DEPTH_NAMES = ("SCHEMES", "block_gain", "residual_norms_along_depth", "sigma_max", "stack_trace", "StackTrace",
+               "stack_weights", "systems_table", "SystemsRow", "token_jacobian")
+
+
+def __getattr__(name):
+    if name in DEPTH_NAMES:
+        from . import depth
+        return getattr(depth, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(DEPTH_NAMES))
