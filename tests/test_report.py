@@ -134,6 +134,16 @@ def test_measured_crossover_outside_the_sweep():
     assert above["extrapolated_T"] == pytest.approx(40.0)
 
 
+def test_measured_crossover_does_not_extrapolate_a_flat_slope():
+    """Two nearly equal ratios (noise) made the last slope reach 1 at T ~ 10^(10^6): an
+    OverflowError; now the status says only that it is above the sweep."""
+    Ts = (512, 1024)
+    flat = report.measured_crossover(rows({"attention": {512: 0.5, 1024: 0.5 * (1 + 1e-12)},
+                                           "ffn": {T: 1.0 for T in Ts}}), "attention", "ffn")
+    assert flat["T"] is None and "extrapolated_T" not in flat
+    assert flat["status"] == "above the sweep: attention still faster at T=1024"
+
+
 # ---------------------------------------------------------------------------------------
 # the folder: files, JSON round-trip, PNGs
 

@@ -25,6 +25,10 @@ def add_derived(data: dict) -> None:
     data["summary"] = backend_ratios(data)
 
 
+# the last slope is extended to a crossing no further than this (a longer sequence than any model's)
+EXTRAPOLATE_MAX_T = 10**9
+
+
 def median_times(results, component) -> dict[int, float]:
     """T -> median seconds of one component's successful rows."""
     return {r["T"]: r["median_s"] for r in results if r["component"] == component and r["status"] == "ok"}
@@ -62,12 +66,15 @@ def measured_crossover(results, num: str, den: str) -> dict:
         return {**out, "T": T, "rate_ratio": rate_ratio(T0, T1),
                 "status": f"measured between T={T0} and T={T1}{note}"}
     if len(Ts) >= 2 and ratio[Ts[-1]] > ratio[Ts[-2]]:
-        # the last slope, extended: a hint where it would cross, clearly labelled as such
+        # the last slope, extended: a hint where it would cross, clearly labelled as such;
+        # none from a nearly flat slope (noise), which would reach 1 at an absurd T
         x0, x1 = math.log(Ts[-2]), math.log(Ts[-1])
         y0, y1 = math.log(ratio[Ts[-2]]), math.log(ratio[Ts[-1]])
-        T = math.exp(x1 + (0 - y1) * (x1 - x0) / (y1 - y0))
-        return {**out, "T": None, "extrapolated_T": T, "rate_ratio": rate_ratio(Ts[-1]),
-                "status": f"above the sweep: {num} still faster at T={Ts[-1]}; the last slope reaches 1 near T={T:.0f}"}
+        log_T = x1 + (0 - y1) * (x1 - x0) / (y1 - y0)
+        if log_T <= math.log(EXTRAPOLATE_MAX_T):
+            T = math.exp(log_T)
+            return {**out, "T": None, "extrapolated_T": T, "rate_ratio": rate_ratio(Ts[-1]),
+                    "status": f"above the sweep: {num} still faster at T={Ts[-1]}; the last slope reaches 1 near T={T:.0f}"}
     return {**out, "T": None, "rate_ratio": rate_ratio(Ts[-1]),
             "status": f"above the sweep: {num} still faster at T={Ts[-1]}"}
 
