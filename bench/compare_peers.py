@@ -60,21 +60,6 @@ def causal_flops(d, h, T, B=1):
 # ---------------------------------------------------------------------------------------
 # the machine
 
-def isa_path():
-    """tblock's vector path: which SIMD width its kernels were compiled for."""
-    from tblock.kernels import isa
-    p = isa.PATH
-    name = tblock.isa() if hasattr(tblock, "isa") else p.name
-    return {"name": name, "vector_bytes": p.vector_bytes, "nv": p.nv, "kc": p.kc, "cpu": p.cpu,
-            "forced": p.forced, "runnable": list(p.runnable)}
-
-
-def versions():
-    import numba
-    return {"python": platform.python_version(), "tblock": tblock.__version__, "numpy": np.__version__,
-            "numba": numba.__version__, **peers.peer_versions()}
-
-
 def pin_threads(n, names):
     """tblock, the BLAS pools and torch at n threads for the rest of the run (tblock.perf);
     ONNX Runtime and OpenVINO get n when their sessions are built. The counts in force."""
@@ -332,7 +317,8 @@ def main(argv=None):
     threads["numba_threading_layer"] = numba.threading_layer()
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": perf.cpu_info(), "isa": isa_path(), "threads": threads, "versions": versions(),
+        "cpu": perf.cpu_info(), "isa": perf.vector_path(), "threads": threads,
+        "versions": {"python": platform.python_version(), **perf.versions()},
         "peers": names, "not_run": {n: why for n, (ok, why) in status.items() if not ok},
         "tolerance": peers.TOLERANCE, "quick": args.quick, "tblock_warmup_s": warmup_s,
         "loadavg_start": list(os.getloadavg()), "points": []}

@@ -7,9 +7,9 @@
 """
 
 from .machine import (blas_info, cpu_info, cpu_model, git_commit, machine_info, package_version, pin_threads,
-                      pinned_threads, usable_cores)
+                      pinned_threads, usable_cores, vector_path, versions)
 from .timing import Progress, first_calls, interleaved, measure, seconds, settle, t_grid
 
 __all__ = ["Progress", "blas_info", "cpu_info", "cpu_model", "first_calls", "git_commit", "interleaved",
            "machine_info", "measure", "package_version", "pin_threads", "pinned_threads", "seconds", "settle",
-           "t_grid", "usable_cores"]
+           "t_grid", "usable_cores", "vector_path", "versions"]

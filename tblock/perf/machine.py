@@ -80,16 +80,29 @@ def git_commit() -> str | None:
         return None
 
 
-def machine_info() -> dict:
+def versions() -> dict:
+    """tblock's, its dependencies' and the installed peers' versions (None: not installed)."""
     from .. import __version__, peers
+    return {"tblock": __version__, "numpy": np.__version__,
+            **{m: package_version(m) for m in ("scipy", "numba", "cffi", "matplotlib", "threadpoolctl")},
+            **peers.peer_versions()}
+
+
+def vector_path() -> dict:
+    """The vector path tblock's kernels are compiled for (tblock.kernels.isa.PATH)."""
+    from ..kernels import isa
+    p = isa.PATH
+    return {"name": p.name, "vector_bytes": p.vector_bytes, "nv": p.nv, "kc": p.kc, "cpu": p.cpu,
+            "forced": p.forced, "runnable": list(p.runnable)}
+
+
+def machine_info() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
         "platform": platform.platform(), "python": platform.python_version(),
-        "versions": {"tblock": __version__, "numpy": np.__version__,
-                     **{m: package_version(m) for m in ("scipy", "numba", "cffi", "matplotlib", "threadpoolctl")},
-                     **peers.peer_versions()},
+        "versions": versions(),
         "git_commit": git_commit(),
         "blas": blas_info(),
         "loadavg_start": list(load) if load else None,
