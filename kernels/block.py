@@ -33,7 +33,8 @@ one task at a time balances the cores (each head's costly query tiles are issued
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
 and every kernel inside a task is serial; no BLAS is called, so nothing else competes
 for the cores.  Each output element is produced by exactly one task in a fixed
-order, so results do not depend on the thread count or the schedule.
+order, so results do not depend on the schedule, nor, but for the rounding of the
+serial and the parallel build's fast-math code, on the thread count.
 """
 
 from __future__ import annotations

@@ -106,8 +106,7 @@ def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
 def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
     out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
-    (b2 first, then k blocks of KC), as ffn_tile's chunks, so the two FFN paths agree
-    to the bit."""
+    (b2 first, then k blocks of KC), as ffn_tile's chunks."""
     NR = panel_lanes(Wf)
     layout = weight_layout(d, dff, NR)
     o_2, o_b2 = layout[3], layout[5]

@@ -6,7 +6,7 @@ a process already using GNU OpenMP") while its parent waits forever.  tblock kee
 OpenMP layer, whose threads wait for work spinning and so start a region in about a
 microsecond (the "workqueue" layer's sleeping threads made d_model=384, T=64 1.6x and
 768/128 1.06-1.4x slower, the TBB layer 1.7x and 1.9x), and instead runs the serial
-block in such a child: the same bits on one thread (``serial_only``).  Children made by
+block in such a child: the same sums on one thread (``serial_only``).  Children made by
 spawn or forkserver, or forked before the first parallel call, run in parallel as
 usual; a layer chosen by the user (NUMBA_THREADING_LAYER) is left alone.
 

@@ -1,7 +1,7 @@
 """Fork safety (issue #13): children made after a parallel call finish with the parent's results.
 
 On the GNU OpenMP layer a child forked after a parallel region runs the serial block
-(tblock._runtime.serial_only); spawned children, and every child on the workqueue layer,
+(tblock._runtime.serial_only), equal to the parallel one up to rounding; spawned children, and every child on the workqueue layer,
 run in parallel.
 
 Each case runs in a fresh interpreter with a timeout, so a child that dies and leaves its
@@ -51,7 +51,9 @@ if __name__ == "__main__":
         outs = [q.get(timeout=120)]
         p.join(60)
         assert p.exitcode == 0, f"child exit code {p.exitcode}"
-    assert all(np.array_equal(o, parent) for o in outs), "a child computed something else"
+    # a child forked after an OpenMP region runs the serial build: equal up to rounding
+    assert all(np.allclose(o, parent, rtol=1e-5, atol=1e-5 * np.abs(parent).max()) for o in outs), \
+        "a child computed something else"
     print("ok", numba.threading_layer())
 
 '''

@@ -15,7 +15,7 @@ same cores, oversubscribed.  A lock around the parallel call therefore makes
 concurrent callers take turns: each call still uses every core, and the results are
 exactly the serial ones.  The serial variant (small blocks, one thread, and a child
 forked after an OpenMP region: see tblock._runtime) holds no lock and releases the GIL;
-it gives the same bits.
+it computes the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import threading
 
 import numba
 import numpy as np
-
 from numba import njit, prange
 
 from .. import _runtime
@@ -32,14 +31,13 @@ from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ..kernels.block import attention_core, block_parallel, block_serial
-from ..kernels.gemm import KC
-from ..kernels.stages import MC, MF, ffn_tile
-from ..kernels.layout import packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
-from ..kernels.gemm import gemm_block, pack_b, packed_size, panel_width
+from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
+from ..kernels.layout import packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from ..kernels.options import JIT
 from ..kernels.simd import panel_lanes
 from ..kernels.softmax import masked_softmax_rows
+from ..kernels.stages import MC, MF, ffn_tile
 from ..kernels.validate import all_finite
 from .numpy import head_mix, head_probs
 
@@ -275,7 +273,7 @@ def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, nthr):
 
 @njit(parallel=True, **DRIVER_JIT)
 def _ffn(X, Wf, rows, d, dff, act, out, nthr):
-    """The block's stage 5 without its LayerNorm and residual: the same row tiles
+    """The block's FFN stage without its LayerNorm and residual: the same row tiles
     and the same ffn_tile (up-projection, bias + activation, down-projection + b_ff2)."""
     mf = rows_per_task(rows, MF, nthr)
     for t in prange((rows + mf - 1) // mf):
