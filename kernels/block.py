@@ -46,7 +46,7 @@ from numba import prange
 
 from .gemm import KC, gemm_block
 from .layernorm import layernorm_rows
-from .layout import panels, rows_per_task, stage_grid, task_tile, weight_layout
+from .layout import ceil_div, panels, row_piece, rows_per_task, stage_grid, task_tile, weight_layout
 from .options import kernel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
@@ -71,7 +71,7 @@ def attention_core(qkv, T, d, n_heads, causal):
     kt, vp = attention_buffers(qkv, nseq, T, d, n_heads)
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
-    for t in prange(nbh * ((T + BQ - 1) // BQ)):
+    for t in prange(nbh * ceil_div(T, BQ)):
         attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp)
 
 
@@ -106,8 +106,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
     npq = 3 * panels(d, NR)
-    mc, groups = stage_grid(rows, npq, MC, nthr)
-    nrb = (rows + mc - 1) // mc
+    mc, groups, ntasks = stage_grid(rows, npq, MC, nthr)
     X, ln_in_task = H, pre_ln
     if pre_ln and groups > 4:
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
@@ -116,7 +115,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         for t in prange(nthr):
             layernorm_piece(H, X, t, nthr, rows, d, Wf, o_g1, o_be1, eps)
         ln_in_task = False
-    for t in prange(nrb * groups):
+    for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
         qkv_task(X, Wf, o_qkv, o_g1, o_be1, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
                  q, ldq, kt, vp, not direct)
@@ -128,7 +127,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             attention_direct_task(q, T, d, n_heads, causal, t, srow)
     else:
         # 2. attention per (sequence, head, query tile), head by head, costly tiles first
-        nqt = (T + BQ - 1) // BQ
+        nqt = ceil_div(T, BQ)
         for t in prange(nseq * n_heads * nqt):
             attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
 
@@ -138,9 +137,8 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     out3 = np.empty(H3.shape, dtype=H3.dtype)
     out = out3.reshape(out3.size)
     npo = panels(d, NR)
-    mc, groups = stage_grid(rows, npo, MC, nthr)
-    nrb = (rows + mc - 1) // mc
-    for t in prange(nrb * groups):
+    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
+    for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
         c0 = p0 * NR
         c1 = min(d, p1 * NR)
@@ -158,7 +156,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
             layernorm_piece(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps)
             if not pre_ln:
                 # Post-LN: H_mid = LN1(H + A_out) is the FFN's input and its residual
-                r0, r1 = t * rows // nthr, (t + 1) * rows // nthr
+                r0, r1 = row_piece(t, nthr, rows)
                 copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
         ldh = dff + 64 // Wf.itemsize      # a cache line past 4 KiB multiples (ffn_tile)
         hid = np.empty(rows * ldh, dtype=dt)
@@ -173,7 +171,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         return out3, True
     # per row tile, residual and LayerNorms fused (ffn_tile)
     mf = rows_per_task(rows, MF, nthr)
-    for t in prange((rows + mf - 1) // mf):
+    for t in prange(ceil_div(rows, mf)):
         r0 = t * mf
         m = min(rows, r0 + mf) - r0
         if pre_ln:

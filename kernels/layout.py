@@ -15,9 +15,21 @@ from .options import kernel
 
 
 @kernel
+def ceil_div(n, k):
+    """Pieces of k that hold n (the last one partial)."""
+    return (n + k - 1) // k
+
+
+@kernel
 def panels(n, NR):
     """Column panels of NR that hold n columns (the last one padded)."""
-    return (n + NR - 1) // NR
+    return ceil_div(n, NR)
+
+
+@kernel
+def row_piece(t, pieces, rows):
+    """Rows r0:r1 of piece t of ``pieces`` near-equal row ranges."""
+    return t * rows // pieces, (t + 1) * rows // pieces
 
 
 @kernel
@@ -67,16 +79,14 @@ def rows_per_task(rows, cap, nthr):
     micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
     no thread idles at the end (128 rows in 48-row tasks left one of two cores idle for
     a third of the FFN)."""
-    ntask = (rows + cap - 1) // cap
-    ntask = (ntask + nthr - 1) // nthr * nthr
-    per = (rows + ntask - 1) // ntask
-    return max(MR, (per + MR - 1) // MR * MR)
+    ntask = ceil_div(ceil_div(rows, cap), nthr) * nthr
+    return max(MR, ceil_div(ceil_div(rows, ntask), MR) * MR)
 
 
 @kernel
 def stage_grid(rows, npanels, cap, nthr):
     """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
-    splits into tasks: (rows per task, panel groups); task_tile numbers them.
+    splits into tasks: (rows per task, panel groups, number of tasks); task_tile numbers them.
 
     With threads to spare (rows <= cap * nthr: at most one row block a thread), every
     task takes all the rows and one panel: each weight is then streamed by one thread
@@ -86,10 +96,11 @@ def stage_grid(rows, npanels, cap, nthr):
     nthr of them, each split into column groups when there are few (a serial call gains
     nothing from the split)."""
     if nthr > 1 and rows <= cap * nthr:
-        return rows, npanels
+        return rows, npanels, npanels
     mc = rows_per_task(rows, cap, nthr)
-    nrb = (rows + mc - 1) // mc
-    return mc, 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
+    nrb = ceil_div(rows, mc)
+    groups = 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))
+    return mc, groups, nrb * groups
 
 
 @kernel

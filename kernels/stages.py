@@ -13,7 +13,7 @@ from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import KC, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
-from .layout import kt_len, packed_len, panels, v_stride, weight_layout
+from .layout import ceil_div, kt_len, packed_len, panels, row_piece, v_stride, weight_layout
 from .options import kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 
@@ -85,8 +85,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
 @kernel
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
-    r0 = t * rows // pieces
-    r1 = (t + 1) * rows // pieces
+    r0, r1 = row_piece(t, pieces, rows)
     layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
 
 
@@ -253,7 +252,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     dk = d // n_heads
     ktn = kt_len(T, dk, NR)
     ldv = v_stride(dk, NR)
-    nqt = (T + BQ - 1) // BQ
+    nqt = ceil_div(T, BQ)
     bh = t // nqt
     qt = nqt - 1 - t % nqt
     b = bh // n_heads

@@ -33,7 +33,8 @@ from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ..kernels.block import attention_core, block_parallel, block_serial
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
-from ..kernels.layout import packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
+from ..kernels.layout import (ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
+                             weight_layout)
 from ..kernels.options import JIT
 from ..kernels.simd import panel_lanes
 from ..kernels.softmax import masked_softmax_rows
@@ -265,8 +266,8 @@ def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, nthr):
     """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), split into
     tasks as the block's QKV and W_O stages are (stage_grid)."""
     npn = panels(N, panel_lanes(Wf))
-    mc, groups = stage_grid(rows, npn, MC, nthr)
-    for t in prange((rows + mc - 1) // mc * groups):
+    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
+    for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npn)
         gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
 
@@ -276,7 +277,7 @@ def _ffn(X, Wf, rows, d, dff, act, out, nthr):
     """The block's FFN stage without its LayerNorm and residual: the same row tiles
     and the same ffn_tile (up-projection, bias + activation, down-projection + b_ff2)."""
     mf = rows_per_task(rows, MF, nthr)
-    for t in prange((rows + mf - 1) // mf):
+    for t in prange(ceil_div(rows, mf)):
         r0 = t * mf
         ffn_tile(X, r0 * d, min(rows, r0 + mf) - r0, d, dff, Wf, act, out, r0 * d, False)
 
