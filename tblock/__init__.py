@@ -53,10 +53,17 @@ __all__ = [
 # use (tblock.analysis, ...), so that `import tblock` stays as light as the block itself.
 _LAZY_SUBMODULES = ("analysis", "demo", "dropout", "encdec", "lesson")
 __all__ += list(_LAZY_SUBMODULES)
+# GPT-2 and its checkpoint loader (safetensors): loaded on first use too
+_LAZY_NAMES = {"GPT2": "gpt2", "GPT2Config": "gpt2"}
+__all__ += list(_LAZY_NAMES)
 
 
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         import importlib
         return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_NAMES:
+        import importlib
+        value = globals()[name] = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,489 @@
+"""tblock.GPT2 against GPT-2's equations, on small checkpoints written here.
+
+The checkpoints are written with safetensors' NumPy API under Hugging Face's names (the
+bfloat16 one byte by byte, as the format's spec lays it out), and the expected logits
+come from ``reference_logits``: GPT-2's forward pass written out in float64 NumPy in this
+file, heads by reshape (not tblock's per-head loop), on the very tensors that were saved.
+The real transformers model is the peer in tests/interop/ (``make test-interop``).
+"""
+
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import tblock
+from tblock import GPT2
+from tblock.gpt2 import GPT2Config
+
+SMALL = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b|: the error relative to the size of the reference."""
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def random_tensors(rng, vocab_size, n_positions, n_embd, n_layer, d_ff=None):
+    """A GPT-2's tensors under Hugging Face's names, float32, with weights of the scale that
+    makes every part matter (projections of O(1), biases and LayerNorm affines far from 0 and 1)."""
+    d = n_embd
+    f = 4 * d if d_ff is None else d_ff
+
+    def normal(*shape, std=1.0, mean=0.0):
+        return (mean + std * rng.standard_normal(shape)).astype(np.float32)
+
+    t = {"transformer.wte.weight": normal(vocab_size, d, std=0.5),
+         "transformer.wpe.weight": normal(n_positions, d, std=0.3),
+         "transformer.ln_f.weight": normal(d, std=0.2, mean=1.0),
+         "transformer.ln_f.bias": normal(d, std=0.2)}
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        t.update({
+            p + "ln_1.weight": normal(d, std=0.2, mean=1.0), p + "ln_1.bias": normal(d, std=0.2),
+            p + "attn.c_attn.weight": normal(d, 3 * d, std=d ** -0.5), p + "attn.c_attn.bias": normal(3 * d, std=0.3),
+            p + "attn.c_proj.weight": normal(d, d, std=d ** -0.5), p + "attn.c_proj.bias": normal(d, std=0.3),
+            p + "ln_2.weight": normal(d, std=0.2, mean=1.0), p + "ln_2.bias": normal(d, std=0.2),
+            p + "mlp.c_fc.weight": normal(d, f, std=d ** -0.5), p + "mlp.c_fc.bias": normal(f, std=0.3),
+            p + "mlp.c_proj.weight": normal(f, d, std=f ** -0.5), p + "mlp.c_proj.bias": normal(d, std=0.3),
+        })
+    return t
+
+
+def hf_config(**kw):
+    """config.json as transformers writes it for a GPT-2 (the keys that matter and a few that do not)."""
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new",
+           "layer_norm_epsilon": 1e-5, "n_inner": None, "scale_attn_weights": True,
+           "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+           "tie_word_embeddings": True, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
+           "bos_token_id": 50256, "eos_token_id": 50256, "initializer_range": 0.02, "n_ctx": kw.get("n_positions")}
+    cfg.update(kw)
+    return cfg
+
+
+def to_bf16_bits(a):
+    """float32 -> bfloat16 bit patterns, rounded to nearest even (as torch rounds)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def from_bf16_bits(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def save_bf16(path, tensors):
+    """A safetensors file of BF16 tensors written by hand: an 8-byte little-endian header
+    length, the JSON header (padded with spaces to 8 bytes), then the data in header order."""
+    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, a in tensors.items():
+        raw = to_bf16_bits(a).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def write_checkpoint(root, tensors, config, dtype="float32", shards=1):
+    """config.json and the tensors in ``dtype`` (float32, float16 or bfloat16), in one
+    model.safetensors or in ``shards`` files with model.safetensors.index.json.  Returns the
+    tensors as the file holds them, in float64 (what a loader must reproduce)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    names = list(tensors)
+    parts = [names[i::shards] for i in range(shards)]
+    files = ["model.safetensors"] if shards == 1 else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+                                                       for i in range(shards)]
+    for file, part in zip(files, parts):
+        chunk = {n: tensors[n] for n in part}
+        if dtype == "bfloat16":
+            save_bf16(root / file, chunk)
+        else:
+            save_file({n: a.astype(dtype) if a.dtype.kind == "f" else a for n, a in chunk.items()}, str(root / file), metadata={"format": "pt"})
+    if shards > 1:
+        index = {"metadata": {}, "weight_map": {n: file for file, part in zip(files, parts) for n in part}}
+        (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    if dtype == "bfloat16":
+        return {n: from_bf16_bits(to_bf16_bits(a)).astype(np.float64) for n, a in tensors.items()}
+    return {n: a.astype(dtype).astype(np.float64) for n, a in tensors.items()}
+
+
+# ----------------------------------------------------------------------------- the reference
+
+
+def layer_norm(x, gamma, beta, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+ACTS = {"gelu_new": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+        "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+        "relu": lambda x: np.maximum(x, 0)}
+
+
+def reference_states(t, ids, n_layer, n_head, eps=1e-5, act="gelu_new"):
+    """GPT-2 in float64 on the tensors ``t`` (HF names, with the transformer. prefix):
+    the residual stream h_0..h_N for ids (T,), (N + 1, T, d), and the logits (T, vocab)."""
+    g = lambda name: t["transformer." + name]       # noqa: E731
+    T = len(ids)
+    h = g("wte.weight")[ids] + g("wpe.weight")[:T]
+    d = h.shape[1]
+    dk = d // n_head
+    causal = np.triu(np.ones((T, T), bool), k=1)   # True above the diagonal: the future
+    states = [h]
+    for i in range(n_layer):
+        p = f"h.{i}."
+        x = layer_norm(h, g(p + "ln_1.weight"), g(p + "ln_1.bias"), eps)
+        qkv = x @ g(p + "attn.c_attn.weight") + g(p + "attn.c_attn.bias")            # (T, 3d)
+        q, k, v = (qkv[:, j * d:(j + 1) * d].reshape(T, n_head, dk).transpose(1, 0, 2) for j in range(3))
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(dk)                                # (heads, T, T)
+        s = np.where(causal, -np.inf, s)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(T, d)                                 # heads side by side
+        h = h + o @ g(p + "attn.c_proj.weight") + g(p + "attn.c_proj.bias")
+        x = layer_norm(h, g(p + "ln_2.weight"), g(p + "ln_2.bias"), eps)
+        u = ACTS[act](x @ g(p + "mlp.c_fc.weight") + g(p + "mlp.c_fc.bias"))
+        h = h + u @ g(p + "mlp.c_proj.weight") + g(p + "mlp.c_proj.bias")
+        states.append(h)
+    logits = layer_norm(h, g("ln_f.weight"), g("ln_f.bias"), eps) @ g("wte.weight").T
+    return np.stack(states), logits
+
+
+@pytest.fixture
+def ckpt(tmp_path, rng):
+    """A float32 checkpoint of the SMALL shape: (its directory, its tensors in float64)."""
+    tensors = random_tensors(rng, 101, 24, 32, 2)
+    exact = write_checkpoint(tmp_path / "ckpt", tensors, hf_config(**SMALL))
+    return tmp_path / "ckpt", tensors, exact
+
+
+# ----------------------------------------------------------------------------- parity
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-5), ("bfloat16", 1e-5)])
+def test_logits_and_hidden_states_match_the_reference(tmp_path, rng, backend, dtype, tol):
+    tensors = random_tensors(rng, 101, 24, 32, 2)
+    exact = write_checkpoint(tmp_path / dtype, tensors, hf_config(**SMALL), dtype=dtype)
+    model = GPT2.from_pretrained(tmp_path / dtype)
+    for T in (1, 5, 24):
+        ids = rng.integers(0, 101, T)
+        states, logits = reference_states(exact, ids, 2, 4)
+        got = model(ids, backend=backend)
+        assert got.shape == (T, 101) and got.dtype == np.float32
+        assert rel_err(got, logits) <= tol, (dtype, T)
+        hs = model.hidden_states(ids, backend=backend)
+        assert hs.shape == (3, T, 32)
+        assert rel_err(hs, states) <= tol, (dtype, T)
+
+
+def test_float16_and_bfloat16_are_read_exactly(tmp_path, rng):
+    """Both widen to float32 without rounding: the loaded weights are the stored values."""
+    tensors = random_tensors(rng, 101, 24, 32, 2)
+    for dtype in ("float16", "bfloat16"):
+        exact = write_checkpoint(tmp_path / dtype, tensors, hf_config(**SMALL), dtype=dtype)
+        model = GPT2.from_pretrained(tmp_path / dtype)
+        assert np.array_equal(model.wte, exact["transformer.wte.weight"])
+        w_qkv = exact["transformer.h.1.attn.c_attn.weight"]
+        assert np.array_equal(model.blocks[1].w_k, w_qkv[:, 32:64])
+        assert np.array_equal(model.blocks[1].b_v, exact["transformer.h.1.attn.c_attn.bias"][64:])
+        # the bf16 rounding really happened: this is not the float32 checkpoint again
+        assert not np.array_equal(model.wte, tensors["transformer.wte.weight"])
+
+
+def test_float64_model_matches_the_reference_closely(ckpt, rng):
+    root, _, exact = ckpt
+    model = GPT2.from_pretrained(root, dtype=np.float64)
+    ids = rng.integers(0, 101, 17)
+    _, logits = reference_states(exact, ids, 2, 4)
+    got = model(ids)
+    assert got.dtype == np.float64
+    assert rel_err(got, logits) <= 1e-12
+
+
+def test_batched_ids_give_each_sequence_its_own_logits(ckpt, rng, backend):
+    model = GPT2.from_pretrained(ckpt[0])
+    ids = rng.integers(0, 101, (3, 9))
+    batched = model(ids, backend=backend)
+    assert batched.shape == (3, 9, 101)
+    for b in range(3):
+        # the batched and the single call may split the work differently (serial/parallel
+        # builds), so they agree to rounding, not to the bit
+        assert rel_err(batched[b], model(ids[b], backend=backend)) <= 1e-6
+        _, logits = reference_states(ckpt[2], ids[b], 2, 4)
+        assert rel_err(batched[b], logits) <= 1e-5
+    hs = model.hidden_states(ids, backend=backend)
+    assert hs.shape == (3, 3, 9, 32)
+    assert rel_err(hs[:, 2], model.hidden_states(ids[2], backend=backend)) <= 1e-6
+
+
+def test_the_parallel_head_on_a_longer_batch(tmp_path, rng):
+    """Rows past one head task (HEAD_ROWS) and more column panels than one group: the
+    parallel kernel's task split, against the reference."""
+    from tblock.kernels.lm_head import HEAD_PANELS, HEAD_ROWS
+    from tblock.kernels.gemm import panel_width
+    vocab = panel_width(np.float32) * HEAD_PANELS + 37          # two panel groups, the last ragged
+    cfg = dict(SMALL, vocab_size=vocab, n_positions=300, n_layer=1)
+    tensors = random_tensors(rng, vocab, 300, 32, 1)
+    exact = write_checkpoint(tmp_path / "long", tensors, hf_config(**cfg))
+    model = GPT2.from_pretrained(tmp_path / "long")
+    ids = rng.integers(0, vocab, (2, 300))
+    assert 2 * 300 > HEAD_ROWS
+    with tblock.threads(min(2, tblock._runtime.pool_size())):
+        got = model(ids)
+    for b in range(2):
+        _, logits = reference_states(exact, ids[b], 1, 4)
+        assert rel_err(got[b], logits) <= 1e-5
+
+
+def test_n_inner_and_other_activations(tmp_path, rng):
+    """n_inner sets d_ff; gelu (erf) and relu map onto the block's other activations."""
+    for act in ("gelu", "relu", "gelu_pytorch_tanh"):
+        tensors = random_tensors(rng, 101, 24, 32, 2, d_ff=48)
+        root = tmp_path / act
+        exact = write_checkpoint(root, tensors, hf_config(**SMALL, n_inner=48, activation_function=act))
+        model = GPT2.from_pretrained(root)
+        ids = rng.integers(0, 101, 11)
+        _, logits = reference_states(exact, ids, 2, 4, act="gelu_new" if act == "gelu_pytorch_tanh" else act)
+        assert rel_err(model(ids), logits) <= 1e-5, act
+
+
+def test_layer_norm_epsilon_is_used(tmp_path, rng):
+    tensors = random_tensors(rng, 101, 24, 32, 2)
+    # a large epsilon changes the LayerNorms visibly, so the wrong one would fail
+    exact = write_checkpoint(tmp_path / "eps", tensors, hf_config(**SMALL, layer_norm_epsilon=0.5))
+    ids = rng.integers(0, 101, 7)
+    _, logits = reference_states(exact, ids, 2, 4, eps=0.5)
+    _, default_eps = reference_states(exact, ids, 2, 4)
+    got = GPT2.from_pretrained(tmp_path / "eps")(ids)
+    assert rel_err(got, logits) <= 1e-5 < rel_err(got, default_eps)
+
+
+# ----------------------------------------------------------------------------- checkpoint layouts
+
+
+def test_sharded_checkpoint_loads_the_same(ckpt, tmp_path, rng):
+    root, tensors, _ = ckpt
+    write_checkpoint(tmp_path / "sharded", tensors, hf_config(**SMALL), shards=3)
+    ids = rng.integers(0, 101, 12)
+    assert np.array_equal(GPT2.from_pretrained(tmp_path / "sharded")(ids), GPT2.from_pretrained(root)(ids))
+
+
+def test_names_without_prefix_tied_head_and_mask_buffers(ckpt, tmp_path, rng):
+    """Names without ``transformer.``, an lm_head.weight equal to wte, and the causal-mask
+    buffers older transformers saved (h.{i}.attn.bias, .masked_bias): all load the same."""
+    root, tensors, _ = ckpt
+    t = {n[len("transformer."):]: a for n, a in tensors.items()}
+    t["lm_head.weight"] = tensors["transformer.wte.weight"]
+    for i in range(2):
+        t[f"h.{i}.attn.bias"] = np.tril(np.ones((24, 24), np.float32))[None, None]
+        t[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    write_checkpoint(tmp_path / "plain", t, hf_config(**SMALL))
+    ids = rng.integers(0, 101, 12)
+    assert np.array_equal(GPT2.from_pretrained(tmp_path / "plain")(ids), GPT2.from_pretrained(root)(ids))
+
+
+# ----------------------------------------------------------------------------- loader errors
+
+
+def _write(tmp_path, tensors, **config):
+    root = tmp_path / "bad"
+    write_checkpoint(root, tensors, hf_config(**{**SMALL, **config}))
+    return root
+
+
+def test_missing_tensor_is_named(ckpt, tmp_path):
+    t = dict(ckpt[1])
+    del t["transformer.h.1.mlp.c_fc.bias"]
+    with pytest.raises(ValueError, match=r"lacks 'h\.1\.mlp\.c_fc\.bias'"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_extra_tensor_is_named(ckpt, tmp_path):
+    t = dict(ckpt[1], **{"transformer.h.2.ln_1.weight": np.ones(32, np.float32)})   # a third layer
+    with pytest.raises(ValueError, match=r"unexpected tensor 'transformer\.h\.2\.ln_1\.weight'"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_misshaped_tensor_is_named(ckpt, tmp_path):
+    t = dict(ckpt[1])
+    t["transformer.h.0.attn.c_attn.weight"] = np.ascontiguousarray(t["transformer.h.0.attn.c_attn.weight"].T)
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\.attn\.c_attn\.weight' must have shape \(32, 96\).*got \(96, 32\)"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_integer_tensor_is_refused_by_name(ckpt, tmp_path):
+    t = dict(ckpt[1], **{"transformer.ln_f.bias": np.zeros(32, np.int32)})
+    with pytest.raises(TypeError, match=r"'transformer\.ln_f\.bias' must be F32, F16 or BF16.*got I32"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_non_finite_tensor_is_named(ckpt, tmp_path):
+    t = dict(ckpt[1])
+    t["transformer.h.1.ln_2.bias"] = t["transformer.h.1.ln_2.bias"].copy()
+    t["transformer.h.1.ln_2.bias"][5] = np.inf
+    with pytest.raises(ValueError, match=r"'transformer\.h\.1\.ln_2\.bias' must be finite.*index \(5,\)"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_untied_head_is_refused(ckpt, tmp_path):
+    t = dict(ckpt[1], **{"lm_head.weight": ckpt[1]["transformer.wte.weight"] + 1})
+    with pytest.raises(ValueError, match=r"'lm_head\.weight' differs from 'transformer\.wte\.weight'"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_tensor_stored_twice_is_refused(ckpt, tmp_path):
+    t = dict(ckpt[1], **{"wpe.weight": ckpt[1]["transformer.wpe.weight"]})
+    with pytest.raises(ValueError, match=r"'wpe\.weight' is stored twice"):
+        GPT2.from_pretrained(_write(tmp_path, t))
+
+
+def test_shapes_follow_the_config(ckpt, tmp_path):
+    """A config that disagrees with the tensors (here vocab_size) fails on the tensor."""
+    with pytest.raises(ValueError, match=r"'transformer\.wte\.weight' must have shape \(100, 32\)"):
+        GPT2.from_pretrained(_write(tmp_path, ckpt[1], vocab_size=100))
+
+
+@pytest.mark.parametrize("key, value, error, match", [
+    ("scale_attn_by_inverse_layer_idx", True, ValueError, "scale_attn_by_inverse_layer_idx=True is not supported"),
+    ("scale_attn_weights", False, ValueError, "scale_attn_weights=False is not supported"),
+    ("add_cross_attention", True, ValueError, "add_cross_attention=True is not supported"),
+    ("tie_word_embeddings", False, ValueError, "tie_word_embeddings=False is not supported"),
+    ("activation_function", "silu", ValueError, "activation_function must be one of .* got 'silu'"),
+    ("n_inner", 0, ValueError, "n_inner must be >= 1, got 0"),
+    ("n_inner", 1.5, TypeError, "n_inner must be an integer"),
+    ("n_head", 5, ValueError, "n_embd must be divisible by n_head"),
+    ("layer_norm_epsilon", -1.0, ValueError, "layer_norm_epsilon must be positive"),
+    ("model_type", "bert", ValueError, "model_type must be 'gpt2', got 'bert'"),
+])
+def test_unsupported_config_values_are_named(ckpt, tmp_path, key, value, error, match):
+    with pytest.raises(error, match=match) as e:
+        GPT2.from_pretrained(_write(tmp_path, ckpt[1], **{key: value}))
+    assert "config.json" in str(e.value)
+
+
+def test_missing_files(tmp_path, ckpt):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        GPT2.from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        GPT2.from_pretrained(ckpt[0] / "config.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        GPT2.from_pretrained(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(hf_config(**SMALL)))
+    (tmp_path / "empty" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="only safetensors checkpoints are read"):
+        GPT2.from_pretrained(tmp_path / "empty")
+    (tmp_path / "empty" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(ValueError, match=r"'transformer\.wte\.weight' is in 'model-00001-of-00002\.safetensors', "
+                                         r"which does not exist"):
+        GPT2.from_pretrained(tmp_path / "empty")
+    with pytest.raises(TypeError, match="path must be a str or a path, got int"):
+        GPT2.from_pretrained(3)
+
+
+# ----------------------------------------------------------------------------- ids
+
+
+def test_bad_ids_are_refused(ckpt):
+    model = GPT2.from_pretrained(ckpt[0])
+    with pytest.raises(TypeError, match="ids must have an integer dtype, got float64"):
+        model(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="ids must have an integer dtype, got bool"):
+        model(np.array([True, False]))
+    with pytest.raises(ValueError, match=r"ids must be \(T,\) or \(B, T\), got shape \(1, 2, 3\)"):
+        model(np.zeros((1, 2, 3), int))
+    with pytest.raises(ValueError, match="at least one token"):
+        model(np.zeros(0, int))
+    with pytest.raises(ValueError, match=r"token ids in \[0, vocab_size=101\), found 101 at index \(1, 2\)"):
+        model(np.array([[0, 1, 2], [3, 4, 101]]))
+    with pytest.raises(ValueError, match=r"found -1 at index \(0,\)"):
+        model.hidden_states([-1, 3])
+    with pytest.raises(ValueError, match="T=25 tokens, more than n_positions=24"):
+        model(np.zeros(25, int))
+    with pytest.raises(TypeError, match="ids must be an integer numpy array"):
+        model("hello")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        model([1, 2], backend="cuda")
+    assert model([1, 2, 3]).shape == (3, 101)          # a list of ints is fine; T = n_positions too
+    assert model(np.arange(24, dtype=np.uint16)).shape == (24, 101)
+
+
+# ----------------------------------------------------------------------------- random models
+
+
+def test_init_follows_gpt2(rng):
+    cfg = GPT2Config(vocab_size=2000, n_positions=64, n_embd=64, n_layer=3, n_head=4)
+    model = GPT2.init(cfg, seed=3)
+    assert abs(model.wte.std() - 0.02) < 0.001 and abs(model.wpe.std() - 0.02) < 0.002
+    b = model.blocks[1]
+    assert abs(np.concatenate([b.w_q, b.w_k, b.w_v]).std() - 0.02) < 0.001
+    assert abs(b.w_ff1.std() - 0.02) < 0.001
+    for w in (b.w_o, b.w_ff2):          # c_proj: the std divided by sqrt(2 n_layer)
+        assert abs(w.std() / (0.02 / math.sqrt(6)) - 1) < 0.05
+    assert not any(np.any(getattr(b, n)) for n in ("b_q", "b_k", "b_v", "b_o", "b_ff1", "b_ff2", "ln1_beta"))
+    assert np.all(b.ln1_gamma == 1) and np.all(model.ln_f[:64] == 1) and not np.any(model.ln_f[64:])
+    # the same seed gives the same model; from_config is init on GPT2Config's keywords
+    again = GPT2.from_config(vocab_size=2000, n_positions=64, n_embd=64, n_layer=3, n_head=4, seed=3)
+    assert np.array_equal(again.wte, model.wte) and np.array_equal(again.blocks[2].w_ff2, model.blocks[2].w_ff2)
+    assert not np.array_equal(GPT2.init(cfg, seed=4).wte, model.wte)
+    with pytest.raises(TypeError, match="not both"):
+        GPT2.from_config(cfg, n_layer=2)
+
+
+def test_random_model_matches_the_reference(rng):
+    """A model built in memory runs the same equations as a loaded one: its arrays, under HF
+    names, through the reference."""
+    model = GPT2.from_config(**SMALL, seed=5)
+    d = 32
+    t = {"transformer.wte.weight": model.wte, "transformer.wpe.weight": model.wpe,
+         "transformer.ln_f.weight": model.ln_f[:d], "transformer.ln_f.bias": model.ln_f[d:]}
+    for i, b in enumerate(model.blocks):
+        p = f"transformer.h.{i}."
+        t.update({p + "ln_1.weight": b.ln1_gamma, p + "ln_1.bias": b.ln1_beta,
+                  p + "attn.c_attn.weight": np.concatenate([b.w_q, b.w_k, b.w_v], axis=1),
+                  p + "attn.c_attn.bias": np.concatenate([b.b_q, b.b_k, b.b_v]),
+                  p + "attn.c_proj.weight": b.w_o, p + "attn.c_proj.bias": b.b_o,
+                  p + "ln_2.weight": b.ln2_gamma, p + "ln_2.bias": b.ln2_beta,
+                  p + "mlp.c_fc.weight": b.w_ff1, p + "mlp.c_fc.bias": b.b_ff1,
+                  p + "mlp.c_proj.weight": b.w_ff2, p + "mlp.c_proj.bias": b.b_ff2})
+    t = {n: a.astype(np.float64) for n, a in t.items()}
+    ids = rng.integers(0, 101, 10)
+    _, logits = reference_states(t, ids, 2, 4)
+    assert rel_err(model(ids), logits) <= 1e-5
+
+
+def test_param_count():
+    assert GPT2Config().param_count() == 124_439_808       # GPT-2 small, as published by OpenAI/HF
+    model = GPT2.from_config(**SMALL, n_inner=48, seed=0)
+    assert model.param_count() == model.config.param_count() == (
+        101 * 32 + 24 * 32 + 2 * (3 * 32 * 32 + 3 * 32 + 32 * 32 + 32 + 32 * 48 + 48 + 48 * 32 + 32 + 4 * 32) + 2 * 32)
+
+
+def test_config_round_trips_through_hf_keys():
+    cfg = GPT2Config(vocab_size=77, n_positions=9, n_embd=16, n_layer=1, n_head=2, n_inner=40,
+                     activation_function="gelu", layer_norm_epsilon=1e-6)
+    hf = cfg.to_hf()
+    assert hf["model_type"] == "gpt2" and hf["n_inner"] == 40 and hf["layer_norm_epsilon"] == 1e-6
+    assert GPT2Config.from_hf(json.loads(json.dumps(hf))) == cfg
+    assert cfg.block_config() == tblock.BlockConfig(d_model=16, n_heads=2, d_ff=40, activation="gelu_erf", eps=1e-6,
+                                                    ffn_bias=True, ln_affine=True, attn_bias=True)
+
+
+def test_import_tblock_stays_light():
+    """GPT2 is loaded on first use: importing tblock does not import safetensors."""
+    import subprocess
+    import sys
+    code = "import sys, tblock; assert 'safetensors' not in sys.modules and 'tblock.gpt2' not in sys.modules; " \
+           "from tblock import GPT2; assert GPT2.__module__ == 'tblock.gpt2'"
+    subprocess.run([sys.executable, "-c", code], check=True)
