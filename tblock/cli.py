@@ -1,4 +1,5 @@
-"""Command line: ``tblock report``, ``tblock lesson`` and ``tblock --version`` (also ``python -m tblock ...``)."""
+"""Command line: ``tblock report``, ``tblock lesson``, ``tblock demo`` and ``tblock --version``
+(also ``python -m tblock ...``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     les.add_argument("--out", default="lesson13-figures", metavar="DIR",
                      help="folder for the figures (default ./lesson13-figures)")
     les.add_argument("--backend", default="numpy", help="backend to run the block on (default numpy)")
+    dem = sub.add_parser("demo", help="the interactive demo as a page, served from 127.0.0.1 "
+                                      "(or --export a copy that opens from file://)",
+                         description="Six tokens through one Post-LN block, stop by stop; every number "
+                                     "on the page is computed by tblock. Ctrl-C stops the server.")
+    dem.add_argument("--port", type=int, default=8013, help="port on 127.0.0.1 (default 8013; 0 picks a free one)")
+    dem.add_argument("--no-browser", action="store_true", help="print the URL without opening a browser")
+    dem.add_argument("--export", metavar="DIR", help="write a static copy, every toggle precomputed, into DIR")
     return parser
 
 
@@ -37,6 +45,9 @@ def main(argv=None) -> int:
         except (ValueError, TypeError) as e:
             print(f"tblock lesson: error: {e}", file=sys.stderr)
             return 2
+    if args.command == "demo":
+        from .lesson.demo_server import main as demo_main
+        return demo_main(args)
     return 1
 
 

@@ -1,0 +1,1 @@
+"""The demo page's files (index.html, demo.css, demo.js), served and exported by tblock.lesson.demo_server."""
