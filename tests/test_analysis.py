@@ -10,6 +10,7 @@ from scipy.special import erf
 import tblock
 from tblock import analysis
 from tblock.backends import numpy as oracle
+from tblock.rustlab import Rng
 
 BACKENDS = tblock.available_backends()
 EX = tblock.load_worked_example()
@@ -232,6 +233,71 @@ def test_stack_trace_without_residuals_chains_the_no_residual_block(backend):
 def test_stack_trace_rejects_too_few_weights():
     with pytest.raises(ValueError, match="at least N=3"):
         analysis.stack_trace(EX.H_in, 3, 1.0, [EX.weights], EX.cfg)
+
+
+# ---- the lesson's own stacks (generator="rustlab") --------------------------------------
+
+# The Systems lens as the lesson prints it: N -> (|H_N|/|H_0| unscaled, scaled, max sigma_max(J)
+# unscaled, scaled), typed from the lesson's output
+LESSON_TABLE = {
+    2: (2.110514497741098, 1.2876085953458334, 2.1436353496367158, 1.6271641931427017),
+    4: (3.4271154139164315, 1.3965030076089215, 2.1436353496367158, 1.4986869084529262),
+    8: (4.259092877559233, 1.2613544565561314, 2.1436353496367158, 1.3894371112628576),
+}
+
+
+def test_the_lessons_systems_table(backend):
+    """seed(1300) stacks from the lesson's generator give the lesson's table: the norm ratios to
+    rounding, the gains to the finite difference's noise (a 1e-5 step magnifies the forward
+    pass's rounding ~1e5 times, and the lesson's forward pass is not ours bit for bit)."""
+    rows = analysis.systems_table(EX.H_in, Ns=(2, 4, 8), cfg=EX.cfg, seed=1300, backend=backend,
+                                  generator="rustlab")
+    for r in rows:
+        nu, ns, gu, gs = LESSON_TABLE[r.N]
+        np.testing.assert_allclose([r.unscaled.norm_ratio, r.scaled.norm_ratio], [nu, ns], rtol=1e-13)
+        np.testing.assert_allclose([r.unscaled.max_gain, r.scaled.max_gain], [gu, gs], rtol=0, atol=1e-8)
+
+
+def test_the_lessons_block_2(backend):
+    """Block 2 from seed(14) on block 1's output: the lesson prints |H| = 14.85162630563989."""
+    w2 = analysis.lesson_block_weights(EX.cfg, Rng(14))
+    H_out = tblock.forward(EX.H_in, EX.weights, EX.cfg, backend=backend)
+    H_out2 = tblock.forward(H_out, w2, EX.cfg, backend=backend)
+    assert abs(np.linalg.norm(H_out2) - 14.85162630563989) < 2e-14
+
+
+def test_rustlab_stack_weights_are_one_stream():
+    ws = analysis.stack_weights(EX.cfg, 3, seed=1300, generator="rustlab")
+    rng = Rng(1300)
+    for w in ws:
+        expected = analysis.lesson_block_weights(EX.cfg, rng)
+        assert all(np.array_equal(a, b) for a, b in zip(w.arrays().values(), expected.arrays().values()))
+    deeper = analysis.stack_weights(EX.cfg, 5, seed=1300, generator="rustlab")
+    assert np.array_equal(deeper[2].w_ff2, ws[2].w_ff2)           # a deeper stack starts with the same blocks
+    # seed 13's stream: H_in's 32 draws, then the worked example's block
+    rng = Rng(13)
+    rng.randn(4, 8)
+    assert np.array_equal(analysis.lesson_block_weights(EX.cfg, rng).w_ff2, EX.weights.w_ff2)
+
+
+def test_rustlab_residual_norms_are_the_stack_traces(backend):
+    both = analysis.residual_norms_along_depth(EX.H_in, EX.cfg, 3, seed=1300, backend=backend, generator="rustlab")
+    for key, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(6))):
+        st = analysis.stack_trace(EX.H_in, 3, scale, cfg=EX.cfg, seed=1300, backend=backend, generator="rustlab")
+        np.testing.assert_allclose(both[key], st.norms, rtol=1e-12)
+    # its first two blocks are the lesson's N = 2 stack
+    np.testing.assert_allclose(both["unscaled"][2] / both["unscaled"][0], LESSON_TABLE[2][0], rtol=1e-13)
+
+
+def test_generator_is_checked():
+    with pytest.raises(ValueError, match=r"generator must be one of \('numpy', 'rustlab'\), got 'torch'"):
+        analysis.stack_weights(EX.cfg, 2, generator="torch")
+    with pytest.raises(ValueError, match="generator must be one of"):
+        analysis.systems_table(EX.H_in, Ns=(2,), cfg=EX.cfg, generator="Rustlab")
+    with pytest.raises(TypeError, match="seed must be a non-negative integer"):
+        analysis.stack_weights(EX.cfg, 2, seed=np.random.SeedSequence(1), generator="rustlab")
+    with pytest.raises(ValueError, match="n_layers must be a non-negative integer, got -1"):
+        analysis.stack_weights(EX.cfg, -1, generator="rustlab")
 
 
 # ---- attention as a filter bank ---------------------------------------------------------

@@ -277,8 +277,9 @@ def ln_affine_delta(cfg: BlockConfig) -> int:
 
 # The depth lenses live in tblock.lesson.depth (which imports this module's helpers), and
 # are this module's names too, loaded on first use.
-DEPTH_NAMES = ("SCHEMES", "block_gain", "residual_norms_along_depth", "sigma_max", "stack_trace", "StackTrace",
-               "stack_weights", "systems_table", "SystemsRow", "token_jacobian")
+DEPTH_NAMES = ("GENERATORS", "SCHEMES", "block_gain", "lesson_block_weights", "residual_norms_along_depth",
+               "sigma_max", "stack_trace", "StackTrace", "stack_weights", "systems_table", "SystemsRow",
+               "token_jacobian")
 
 
 def __getattr__(name):
