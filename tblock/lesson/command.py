@@ -2,10 +2,10 @@
 and the lesson's figures as PNG files.
 
 Everything is computed through the public API (``tblock.forward``, ``Stack``) and
-``tblock.analysis`` on the chosen backend. Two of the lesson's experiments used weights that
-are not shipped with the worked example (block 2 drawn with seed(14), the stack drawn with
-seed(1300)); for those we print the lesson's numbers for reference and our own seeded
-weights' numbers, labelled as such: they are the same experiment, not the same numbers.
+``tblock.analysis`` on the chosen backend. The worked example's weights are shipped; the
+lesson's other weights (block 2 drawn with seed(14), the Systems-lens stack with seed(1300))
+are drawn again by ``tblock.rustlab``, the lesson's own generator reproduced bit for bit, so
+every number printed beside the lesson's comes from the lesson's own weights.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..api import forward
 from ..backends import DEFAULT_BACKEND
 from ..config import BlockConfig
 from ..counting import param_breakdown, param_count
+from ..rustlab import Rng
 from ..weights import init_weights
 from ..worked_example import LESSON_PRINTED, load_worked_example
 from . import analysis
@@ -31,7 +32,8 @@ LESSON_SYSTEMS = {
     8: (4.259092877559233, 1.2613544565561314, 2.1436353496367158, 1.3894371112628576),
 }
 LESSON_BLOCK2_NORM = 14.85162630563989      # |H| after the lesson's block 2 (seed(14) weights)
-STACK_SEED = 1300                            # our SeedSequence seed, in memory of the lesson's seed(1300)
+BLOCK2_SEED = 14                             # the lesson's seed(14) before block 2's weights
+STACK_SEED = 1300                            # the lesson's seed(1300) before each stack_trace
 FIGURES = ("lesson13_stream.png", "lesson13_perturbation.png", "lesson13_depth.png", "lesson13_entropy.png")
 
 
@@ -39,11 +41,12 @@ def _vec(v, digits=6):
     return "[" + ", ".join(f"{float(x):.{digits}f}" for x in np.ravel(v)) + "]"
 
 
-def _row(out, name, lesson, ours):
-    """One comparison line: name, the lesson's value, ours, and the largest difference."""
+def _row(out, name, lesson, ours, digits=15):
+    """One comparison line: name, the lesson's value, ours, and the largest difference
+    (a scalar to ``digits`` significant digits)."""
     diff = float(np.max(np.abs(np.asarray(ours, dtype=float) - np.asarray(lesson, dtype=float))))
     if np.ndim(lesson) == 0:
-        out(f"  {name:<30} lesson {float(lesson):<22.15g} ours {float(ours):<22.15g} |diff| {diff:.1e}")
+        out(f"  {name:<30} lesson {float(lesson):<22.{digits}g} ours {float(ours):<22.{digits}g} |diff| {diff:.1e}")
     else:
         out(f"  {name:<30} lesson {_vec(lesson)}")
         out(f"  {'':<30} ours   {_vec(ours)}   max |diff| {diff:.1e}")
@@ -104,13 +107,13 @@ def walkthrough(backend=None, out=print):
     out(f"  {'channels of token 3 (FFN)':<30} lesson 8 of 8   ours {pt.ffn_channels_touched} of {cfg.d_model}")
     out("")
 
-    out("Stacking two blocks")
-    w2 = init_weights(cfg, 14, dtype=np.float64)
+    out(f"Stacking two blocks (block 2: the lesson's seed({BLOCK2_SEED}) weights, drawn by tblock.rustlab)")
+    w2 = analysis.lesson_block_weights(cfg, Rng(BLOCK2_SEED))
     H_out2 = forward(tr.H_out, w2, cfg, backend=backend)
-    _row(out, "after block 1 |H|", P["norm_H_out"], n(tr.H_out))
-    out(f"  {'after block 2 |H|':<30} lesson {LESSON_BLOCK2_NORM:.15g} (its seed(14) weights are not shipped)")
-    out(f"  {'':<30} ours   {n(H_out2):.15g} (OUR block 2: init_weights(cfg, seed=14), not the lesson's)")
-    out(f"  {'after block 2 shape':<30} {H_out2.shape}")
+    # 16 digits: the lesson prints block 2's norm so (Rust's shortest round-trip form)
+    _row(out, "after block 1 |H|", P["norm_H_out"], n(tr.H_out), digits=16)
+    _row(out, "after block 2 |H|", LESSON_BLOCK2_NORM, n(H_out2), digits=16)
+    out(f"  {'after block 2 shape':<30} lesson (4, 8)      ours {H_out2.shape}")
     out("")
 
     out("Parameter count per block (d_model=8, d_ff=32)")
@@ -124,19 +127,22 @@ def walkthrough(backend=None, out=print):
     out("")
 
     out(f"Systems lens: N fresh blocks on H_in, branches as initialised vs scaled by 1/sqrt(2N)")
-    out(f"  NOTE: the lesson's stack weights (seed(1300) in its own generator) are not shipped. The rows")
-    out(f"  marked 'ours' use OUR weights (tblock.analysis.stack_weights, SeedSequence({STACK_SEED})), so the")
-    out(f"  numbers differ; the claims to compare are qualitative (scaled < unscaled, gains near 1-3).")
-    table = analysis.systems_table(H_in, Ns=(2, 4, 8), cfg=cfg, seed=STACK_SEED, backend=backend)
+    out(f"  the lesson's blocks: seed({STACK_SEED}), then stack_trace's draws, by tblock.rustlab")
+    table = analysis.systems_table(H_in, Ns=(2, 4, 8), cfg=cfg, seed=STACK_SEED, backend=backend,
+                                   generator="rustlab")
     out(f"  {'':<8}{'N':>3}  {'|H_N|/|H_0| unscaled':>21} {'scaled':>9}   {'max sigma_max(J) unscaled':>26} {'scaled':>9}")
     for r in table:
-        lu, ls, gu, gs = LESSON_SYSTEMS[r.N]
-        out(f"  {'lesson':<8}{r.N:>3}  {lu:>21.4f} {ls:>9.4f}   {gu:>26.4f} {gs:>9.4f}")
-        out(f"  {'ours':<8}{r.N:>3}  {r.unscaled.norm_ratio:>21.4f} {r.scaled.norm_ratio:>9.4f}   "
-            f"{r.unscaled.max_gain:>26.4f} {r.scaled.max_gain:>9.4f}")
+        lesson_row = LESSON_SYSTEMS[r.N]
+        ours_row = (r.unscaled.norm_ratio, r.scaled.norm_ratio, r.unscaled.max_gain, r.scaled.max_gain)
+        # the gains come from a 1e-5 finite difference, which magnifies rounding ~1e5 times
+        diff = [abs(a - b) for a, b in zip(ours_row, lesson_row)]
+        for who, (nu, ns, gu, gs) in (("lesson", lesson_row), ("ours", ours_row)):
+            out(f"  {who:<8}{r.N:>3}  {nu:>21.4f} {ns:>9.4f}   {gu:>26.4f} {gs:>9.4f}"
+                + (f"   max |diff| {max(diff[:2]):.1e} (ratios), {max(diff[2:]):.1e} (gains)"
+                   if who == "ours" else ""))
     deep = table[-1]
-    out(f"  N=8 per-block gain (ours, forward difference), unscaled {_vec(deep.unscaled.gains, 3)}")
-    out(f"  {'':<46}scaled   {_vec(deep.scaled.gains, 3)}")
+    out(f"  N=8 per-block gain (forward difference), unscaled {_vec(deep.unscaled.gains, 3)}")
+    out(f"  {'':<40}scaled   {_vec(deep.scaled.gains, 3)}")
     agree = max(float(np.max(np.abs(r.unscaled.gains - r.unscaled.gains_central))) for r in table)
     out(f"  forward vs central difference sigma_max: max |diff| {agree:.1e} (step 1e-5)")
     out("")
@@ -150,7 +156,7 @@ def walkthrough(backend=None, out=print):
         f"A {trb.A.shape}, Q_h (16, {big.d_k})")
     nores = analysis.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend, residual=False)
     withres = analysis.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend)
-    out(f"  2. no residuals, the lesson's block then our block 2: |H| {_vec(nores.norms, 3)} "
+    out(f"  2. no residuals, the lesson's blocks 1 and 2: |H| {_vec(nores.norms, 3)} "
         f"(with residuals {_vec(withres.norms, 3)})")
     out(f"     sigma_max(J) per block without the identity path {_vec(nores.gains, 3)}, with it "
         f"{_vec(withres.gains, 3)}")
@@ -219,7 +225,7 @@ def write_figures(data, out_dir) -> list[str]:
     ax.semilogy(range(N + 1), deep.unscaled.norms, "o-", color="red", label="branch scale 1")
     ax.semilogy(range(N + 1), deep.scaled.norms, "o-", color="blue", label="branch scale 1/sqrt(2N)")
     ax.axhline(deep.unscaled.norms[0], color="gray", ls="--", label="|H_0|")
-    ax.set_title(f"|H_l| along an {N}-block stack (our seeded weights)")
+    ax.set_title(f"|H_l| along an {N}-block stack (the lesson's seed({STACK_SEED}) weights)")
     ax.set_xlabel("block l")
     ax.set_ylabel("|H_l|")
     ax.legend()
