@@ -48,14 +48,14 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_NULL_ARG]          = "a required pointer argument is NULL",
     [TB_ERR_NULL_WEIGHT]       = "a weight the config needs is NULL (or LayerNorm gamma is given without beta)",
     [TB_ERR_UNEXPECTED_WEIGHT] = "an optional weight is given although the config says it is absent "
-                                 "(has_ffn_bias / has_ln_affine is 0)",
+                                 "(has_ffn_bias / has_ln_affine / has_attn_bias is 0)",
     [TB_ERR_NULL_TRACE]        = "a trace struct is given but one of its arrays is NULL",
     [TB_ERR_DIM]               = "a dimension (B, T, d_model, n_heads, d_ff, rows or cols) is < 1",
     [TB_ERR_HEADS]             = "d_model is not divisible by n_heads",
     [TB_ERR_HEAD_INDEX]        = "the head index is outside 0 .. n_heads-1",
     [TB_ERR_NORM]              = "norm is not TB_NORM_PRE (0) or TB_NORM_POST (1)",
     [TB_ERR_ACTIVATION]        = "activation is not TB_ACT_GELU_TANH (0), TB_ACT_GELU_ERF (1) or TB_ACT_RELU (2)",
-    [TB_ERR_FLAG]              = "a flag (causal, has_ffn_bias, has_ln_affine) is not 0 or 1",
+    [TB_ERR_FLAG]              = "a flag (causal, has_ffn_bias, has_ln_affine, has_attn_bias) is not 0 or 1",
     [TB_ERR_EPS]               = "eps must be positive and finite",
     [TB_ERR_OVERFLOW]          = "a buffer size computed from the dimensions does not fit in size_t",
     [TB_ERR_INPUT_SIZE]        = "an input buffer is shorter than its shape needs",
@@ -181,7 +181,8 @@ static tb_status check_config(const tb_config *cfg)
     if (cfg->activation != TB_ACT_GELU_TANH && cfg->activation != TB_ACT_GELU_ERF &&
         cfg->activation != TB_ACT_RELU)
         return TB_ERR_ACTIVATION;
-    if (!is_flag(cfg->causal) || !is_flag(cfg->has_ffn_bias) || !is_flag(cfg->has_ln_affine))
+    if (!is_flag(cfg->causal) || !is_flag(cfg->has_ffn_bias) || !is_flag(cfg->has_ln_affine) ||
+        !is_flag(cfg->has_attn_bias))
         return TB_ERR_FLAG;
     if (!eps_ok(cfg->eps))
         return TB_ERR_EPS;
@@ -206,12 +207,16 @@ static tb_status optional_weight(int flag, const double *p, size_t len, size_t s
     return need_weight(p, len, shape);
 }
 
-static tb_status check_attention_weights(const tb_weights *w, const tb_sizes *s)
+static tb_status check_attention_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
 {
     TRY(need_weight(w->w_q, w->w_q_len, s->dd));
     TRY(need_weight(w->w_k, w->w_k_len, s->dd));
     TRY(need_weight(w->w_v, w->w_v_len, s->dd));
     TRY(need_weight(w->w_o, w->w_o_len, s->dd));
+    TRY(optional_weight(cfg->has_attn_bias, w->b_q, w->b_q_len, s->d));
+    TRY(optional_weight(cfg->has_attn_bias, w->b_k, w->b_k_len, s->d));
+    TRY(optional_weight(cfg->has_attn_bias, w->b_v, w->b_v_len, s->d));
+    TRY(optional_weight(cfg->has_attn_bias, w->b_o, w->b_o_len, s->d));
     return TB_OK;
 }
 
@@ -486,10 +491,17 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
     matmul(b->Q, X, w->w_q, s->T, s->d, s->d);
     matmul(b->K, X, w->w_k, s->T, s->d, s->d);
     matmul(b->V, X, w->w_v, s->T, s->d, s->d);
+    if (cfg->has_attn_bias) {
+        add_row_bias(b->Q, w->b_q, s->T, s->d);
+        add_row_bias(b->K, w->b_k, s->T, s->d);
+        add_row_bias(b->V, w->b_v, s->T, s->d);
+    }
     for (size_t h = 0; h < s->h; h++)
         attention_head(b->out_concat, b->A + h * s->TT, b->S, b->Q, b->K, b->V,
                        s->T, s->d, s->dk, h, cfg->causal);
     matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d);
+    if (cfg->has_attn_bias)
+        add_row_bias(b->A_out, w->b_o, s->T, s->d);
 }
 
 /* FFN(X) for X (T, d): fills F_pre, F_post and F_out of b. */
@@ -699,7 +711,7 @@ tb_status tb_block_forward(double *out, size_t out_len,
         return TB_ERR_INPUT_SIZE;
     if (out_len < s.BTd)
         return TB_ERR_OUTPUT_SIZE;
-    TRY(check_attention_weights(w, &s));
+    TRY(check_attention_weights(cfg, w, &s));
     TRY(check_ffn_weights(cfg, w, &s));
     TRY(check_ln_weights(cfg, w, &s));
     if (scratch->len < s.scratch)
@@ -716,6 +728,8 @@ tb_status tb_block_forward(double *out, size_t out_len,
             span_of(w->b_ff1, s.f, 0), span_of(w->b_ff2, s.d, 0),
             span_of(w->ln1_gamma, s.d, 0), span_of(w->ln1_beta, s.d, 0),
             span_of(w->ln2_gamma, s.d, 0), span_of(w->ln2_beta, s.d, 0),
+            span_of(w->b_q, s.d, 0), span_of(w->b_k, s.d, 0), span_of(w->b_v, s.d, 0),
+            span_of(w->b_o, s.d, 0),
             span_of(t->H_norm1, s.BTd, 1), span_of(t->Q, s.BTd, 1), span_of(t->K, s.BTd, 1),
             span_of(t->V, s.BTd, 1), span_of(t->A, s.BhTT, 1), span_of(t->out_concat, s.BTd, 1),
             span_of(t->A_out, s.BTd, 1), span_of(t->H_mid, s.BTd, 1), span_of(t->H_norm2, s.BTd, 1),

@@ -10,9 +10,10 @@
  *   Post-LN (Exercise 3):  H_mid = LN1(H_in  + MHA(H_in))
  *                          H_out = LN2(H_mid + FFN(H_mid))
  *
- *   MHA(X): Q = X W_Q, K = X W_K, V = X W_V; per head h (columns h*d_k .. h*d_k+d_k-1)
- *           S_h = Q_h K_h^T / sqrt(d_k), masked, A_h = softmax_rows(S_h), out_h = A_h V_h;
- *           out_concat = [out_1 ... out_H]; MHA(X) = out_concat W_O
+ *   MHA(X): Q = X W_Q (+ b_Q), K = X W_K (+ b_K), V = X W_V (+ b_V); per head h
+ *           (columns h*d_k .. h*d_k+d_k-1) S_h = Q_h K_h^T / sqrt(d_k), masked,
+ *           A_h = softmax_rows(S_h), out_h = A_h V_h;
+ *           out_concat = [out_1 ... out_H]; MHA(X) = out_concat W_O (+ b_O)
  *   FFN(X): F_pre = X W_ff1 (+ b_ff1); F_post = act(F_pre); F_out = F_post W_ff2 (+ b_ff2)
  *
  * Conventions
@@ -52,7 +53,7 @@ typedef enum {
     TB_ERR_HEAD_INDEX,        /* a head index outside 0 .. n_heads-1 */
     TB_ERR_NORM,              /* norm is not TB_NORM_PRE or TB_NORM_POST */
     TB_ERR_ACTIVATION,        /* activation is not one of TB_ACT_* */
-    TB_ERR_FLAG,              /* causal, has_ffn_bias or has_ln_affine is not 0 or 1 */
+    TB_ERR_FLAG,              /* causal, has_ffn_bias, has_ln_affine or has_attn_bias is not 0 or 1 */
     TB_ERR_EPS,               /* eps is <= 0, NaN or infinite */
     TB_ERR_OVERFLOW,          /* a buffer size (in doubles or in bytes) does not fit in size_t */
     TB_ERR_INPUT_SIZE,        /* an input buffer is shorter than its shape */
@@ -88,6 +89,7 @@ typedef struct {
     double  eps;              /* LayerNorm epsilon, added to the variance inside the sqrt; > 0, finite */
     int     has_ffn_bias;     /* 1: b_ff1, b_ff2 are given; 0: they must be NULL */
     int     has_ln_affine;    /* 1: ln1/ln2 gamma, beta are given; 0: they must be NULL */
+    int     has_attn_bias;    /* 1: b_q, b_k, b_v, b_o are given; 0: they must be NULL */
 } tb_config;
 
 /* The block's parameters, each with its length in doubles. */
@@ -104,6 +106,10 @@ typedef struct {
     const double *ln1_beta;  size_t ln1_beta_len;   /* (d_model,) or NULL without has_ln_affine */
     const double *ln2_gamma; size_t ln2_gamma_len;  /* (d_model,) or NULL without has_ln_affine */
     const double *ln2_beta;  size_t ln2_beta_len;   /* (d_model,) or NULL without has_ln_affine */
+    const double *b_q;       size_t b_q_len;        /* (d_model,) or NULL without has_attn_bias */
+    const double *b_k;       size_t b_k_len;        /* (d_model,) or NULL without has_attn_bias */
+    const double *b_v;       size_t b_v_len;        /* (d_model,) or NULL without has_attn_bias */
+    const double *b_o;       size_t b_o_len;        /* (d_model,) or NULL without has_attn_bias */
 } tb_weights;
 
 /* Working memory for tb_block_forward, allocated by the caller:
@@ -125,7 +131,7 @@ typedef struct {
     double *V;          size_t V_len;           /* (B, T, d_model) */
     double *A;          size_t A_len;           /* (B, n_heads, T, T) attention probabilities */
     double *out_concat; size_t out_concat_len;  /* (B, T, d_model) head outputs side by side */
-    double *A_out;      size_t A_out_len;       /* (B, T, d_model) out_concat @ w_o */
+    double *A_out;      size_t A_out_len;       /* (B, T, d_model) out_concat @ w_o (+ b_o) */
     double *H_mid;      size_t H_mid_len;       /* (B, T, d_model) stream after the first sublayer */
     double *H_norm2;    size_t H_norm2_len;     /* (B, T, d_model) LN2 output */
     double *F_pre;      size_t F_pre_len;       /* (B, T, d_ff) */

@@ -121,7 +121,7 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
             if causal and k0 + p * NR > qa + min(m, i + MR) - 1:
                 continue
             micro_kernel(Qt, (s0 + i) * dk, dk, 1, min(MR, m - i), Kt, pb, NR, dk,
-                         S, i * BK + p * NR, BK, n, False)
+                         S, i * BK + p * NR, BK, n, False, -1)
     # online softmax: new running max, rescale what was accumulated, P = 2^(...)
     for i in range(m):
         r = s0 + i
@@ -189,7 +189,7 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                     continue
                 micro_kernel(S, i * BK + c0, BK, 1, min(MR, m - i),
                              V, v_off + (k0 + c0) * ldv + vp * NR, ldv, kl,
-                             O, (s0 + i) * ldv + vp * NR, ldv, NR, True)
+                             O, (s0 + i) * ldv + vp * NR, ldv, NR, True, -1)
 
 
 @kernel

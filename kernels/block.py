@@ -88,7 +88,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     # reports where the NaN or the Inf is.
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), False
-    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, _ = weight_layout(d, dff, NR)
+    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, _ = weight_layout(d, dff, NR)
     rows = H.size // d
     nseq = rows // T
     dt = H.dtype
@@ -117,7 +117,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         ln_in_task = False
     for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
-        qkv_task(X, Wf, o_qkv, o_g1, o_be1, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
+        qkv_task(X, Wf, o_qkv, o_g1, o_be1, o_bqkv, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
                  q, ldq, kt, vp, not direct)
 
     if direct:
@@ -131,7 +131,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         for t in prange(nseq * n_heads * nqt):
             attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
 
-    # 3. out = H + out_concat @ W_O  (out_concat sits in the Q columns of q).  The
+    # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
     # T=4096 that keeps 12 MiB off the peak
     out3 = np.empty(H3.shape, dtype=H3.dtype)
@@ -144,7 +144,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         c1 = min(d, p1 * NR)
         for r in range(r0, r1):
             copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
-        gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC)
+        gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC, o_bo)
 
     # 4. FFN
     if nthr > 1 and rows <= MF * nthr:

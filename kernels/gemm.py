@@ -36,8 +36,12 @@ def panel_width(dtype) -> int:
 
 
 @kernel
-def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate):
-    """C[0:m, 0:n] (+)= A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
+def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate, bias_off):
+    """C[0:m, 0:n] (+)= [bias +] A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
+
+    With bias_off >= 0 the accumulators start from the bias row B.flat[bias_off :
+    bias_off + NR] instead of zero: a projection's bias costs one load per micro-tile,
+    not a pass over C.
 
     A[r, k] is A.flat[a_off + r*a_rs + k*a_ks]: (lda, 1) for a row-major matrix, (1, MR)
     for a packed panel.  Rows past m are computed from a repeated row 0 (no
@@ -47,7 +51,7 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
     a3 = a_off + (3 * a_rs if m > 3 else 0)
     a4 = a_off + (4 * a_rs if m > 4 else 0)
     a5 = a_off + (5 * a_rs if m > 5 else 0)
-    c0 = c1 = c2 = c3 = c4 = c5 = psplat(B, 0.0)
+    c0 = c1 = c2 = c3 = c4 = c5 = pload(B, bias_off) if bias_off >= 0 else psplat(B, 0.0)
     for k in range(K):
         b = pload(B, b_off + k * ldb)
         ak = k * a_ks
@@ -102,17 +106,22 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
 
 
 @kernel(inline="always")
-def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
-    """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially, for a packed
-    B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is called:
-    a call layer costs ~50 ns, and the lesson's toy block makes six of these calls."""
+def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC, bias_off):
+    """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially, for a
+    packed B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is
+    called: a call layer costs ~50 ns, and the lesson's toy block makes six of these calls."""
     NR = panel_lanes(Bp)
-    gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC)
+    gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
+                bias_off)
 
 
 @kernel
-def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC):
-    """C[i0:i1, columns of panels p0..p1) (+)= A[i0:i1, 0:K] @ B, serially.
+def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
+                bias_off):
+    """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially.
+
+    bias_off >= 0: the bias of column j is Bp.flat[bias_off + j], zero-padded to whole
+    panels; it enters with the first k block (micro_kernel), so it is added once.
 
     A[i, k] = A.flat[a_off + i*lda + k]; C[i, j] = C.flat[c_off + i*ldc + j]; B[k, j] of
     panel p is Bp[b_off + p*ldp + k*NR + j - p*NR]: a packed matrix's panels are ldp
@@ -131,7 +140,8 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
         # one micro-tile (the lesson's toy block is made of these): straight to the
         # micro-kernel, as the loops below would, without their set-up and divisions
         micro_kernel(A, a_off + i0 * lda, lda, 1, i1 - i0, Bp, b_off + p0 * ldp, NR, K,
-                     C, c_off + i0 * ldc + p0 * NR, ldc, min(NR, N - p0 * NR), accumulate)
+                     C, c_off + i0 * ldc + p0 * NR, ldc, min(NR, N - p0 * NR), accumulate,
+                     bias_off + p0 * NR if bias_off >= 0 else -1)
         return
     W = lanes(Bp)
     ntiles = (i1 - i0 + MR - 1) // MR
@@ -141,6 +151,7 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
         for kc0 in range(0, K, KC):
             kc = min(KC, K - kc0)
             acc = accumulate or kc0 > 0
+            bias = bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1
             pb = b_off + p * ldp + kc0 * NR
             # the next slice: the rest of this panel's band, else the next panel's
             nxt = pb + kc * NR if kc0 + kc < K else b_off + (p + 1) * ldp
@@ -154,4 +165,4 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
                         prefetch_l2(Bp, line)
                     line += W
                 micro_kernel(A, a_off + i * lda + kc0, lda, 1, min(MR, i1 - i), Bp, pb, NR, kc,
-                             C, c_off + i * ldc + p * NR, ldc, n, acc)
+                             C, c_off + i * ldc + p * NR, ldc, n, acc, bias)

@@ -56,7 +56,9 @@ def packed_len(K, N, NR):
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
     o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
-    W_2, then b1, b2, gamma1, beta1, gamma2, beta2; each part starts on a 64-byte boundary."""
+    W_2, then b1, b2, gamma1, beta1, gamma2, beta2, the attention biases b_q, b_k, b_v (one
+    after another from o_bqkv, each zero-padded to whole panels: the GEMM loads a panel's
+    bias as one row) and b_o (padded likewise); each part starts on a 64-byte boundary."""
     def up(x):
         return (x + 15) // 16 * 16
     o_qkv = 0
@@ -69,8 +71,10 @@ def weight_layout(d, dff, NR):
     o_be1 = o_g1 + up(d)
     o_g2 = o_be1 + up(d)
     o_be2 = o_g2 + up(d)
-    total = o_be2 + up(d)
-    return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total
+    o_bqkv = o_be2 + up(d)
+    o_bo = o_bqkv + 3 * up(panels(d, NR) * NR)
+    total = o_bo + up(panels(d, NR) * NR)
+    return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, total
 
 
 @kernel

@@ -75,11 +75,11 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
         cw = min(ch, dff - c0)
         # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
         gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, panels(c0 + cw, NR),
-                   hid, -c0, ldh, False, KC)
+                   hid, -c0, ldh, False, KC, -1)
         bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
         gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, panels(d, NR),
-                    out, out_off, d, True, KC)
+                    out, out_off, d, True, KC, -1)
 
 
 @kernel
@@ -96,7 +96,7 @@ def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     NR = panel_lanes(Wf)
     layout = weight_layout(d, dff, NR)
     o_1, o_b1 = layout[2], layout[4]
-    gemm_block(X, 0, d, 0, rows, Wf, o_1, d, dff, p, p + 1, hid, 0, ldh, False, KC)
+    gemm_block(X, 0, d, 0, rows, Wf, o_1, d, dff, p, p + 1, hid, 0, ldh, False, KC, -1)
     c0 = p * NR
     bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
 
@@ -113,7 +113,7 @@ def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     n = min(d, c0 + NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC)
+    gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC, -1)
 
 
 @kernel
@@ -183,10 +183,10 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
 
 
 @kernel
-def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
+def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
              q, ldq, kt, vp, packed):
-    """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v]
-    (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
+    """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v],
+    plus [b_q b_k b_v] (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
 
     With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
     layouts attention reads (K^T panels in kt, per-head rows in vp), through a scratch
@@ -197,6 +197,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
     NR = panel_lanes(Wf)
     npd = panels(d, NR)
     wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
+    bsz = (npd * NR + 15) // 16 * 16            # and so do their padded biases
     m = r1 - r0
     dk = d // n_heads
     if pre_ln:
@@ -213,11 +214,12 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, pre_ln, eps, T, d, n_heads, r0, r1, p0, 
             continue
         if j == 0 or not packed:
             gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b,
-                       q, r0 * ldq + (0 if packed else j * d), ldq, False, KC)
+                       q, r0 * ldq + (0 if packed else j * d), ldq, False, KC, o_bqkv + j * bsz)
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
         S = np.empty(m * lds, dtype=H.dtype)
-        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC)
+        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC,
+                   o_bqkv + j * bsz)
         if j == 1:
             store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
         else:

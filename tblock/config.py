@@ -39,6 +39,7 @@ class BlockConfig:
     eps: float = 1e-5           # LayerNorm's epsilon, added to the population variance inside the sqrt
     ffn_bias: bool = False      # the FFN carries b_ff1, b_ff2 (the lesson's code omits them)
     ln_affine: bool = False     # LayerNorms carry gamma, beta (the lesson runs gamma=1, beta=0)
+    attn_bias: bool = False     # the Q, K, V and O projections carry b_q, b_k, b_v, b_o (GPT-2, BERT)
 
     def __post_init__(self):
         d_model = _check_int("d_model", self.d_model, 1)
@@ -56,6 +57,7 @@ class BlockConfig:
             raise ValueError(f"eps must be positive and finite, got {self.eps!r}")
         _check_bool("ffn_bias", self.ffn_bias)
         _check_bool("ln_affine", self.ln_affine)
+        _check_bool("attn_bias", self.attn_bias)
         # frozen dataclass: normalise the stored values through object.__setattr__
         object.__setattr__(self, "d_model", d_model)
         object.__setattr__(self, "n_heads", n_heads)

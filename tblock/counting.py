@@ -25,7 +25,8 @@ def _check_cfg(cfg):
 
 
 def param_breakdown(cfg: BlockConfig) -> dict[str, int]:
-    """The lesson's per-block counts: attention matrices, FFN matrices, FFN biases, LN affines."""
+    """The lesson's per-block counts: attention matrices, FFN matrices, FFN biases, LN affines,
+    and the attention-projection biases (counted in param_count only with cfg.attn_bias)."""
     _check_cfg(cfg)
     d, f = cfg.d_model, cfg.d_ff
     return {
@@ -33,6 +34,7 @@ def param_breakdown(cfg: BlockConfig) -> dict[str, int]:
         "ffn": 2 * d * f,              # W_ff1, W_ff2
         "ffn_bias": f + d,             # b_ff1, b_ff2 (counted even when the code omits them)
         "ln_affine": 4 * d,            # gamma, beta of LN1 and LN2
+        "attn_bias": 4 * d,            # b_Q, b_K, b_V, b_O (GPT-2; the lesson has none)
     }
 
 
@@ -41,14 +43,15 @@ def param_count(cfg: BlockConfig, ln_affine: bool | None = None) -> int:
 
     Every weight matrix and the two FFN biases are counted; the two LayerNorm affines
     (+4 d_model) are added when ``ln_affine`` (default: ``cfg.ln_affine``) is true. For
-    d_model=8, d_ff=32 that is 808, or 840 with the affines. Attention-projection
-    biases are *not* counted: GPT-2 has one bias vector per Q, K, V and O projection,
-    4 * d_model = 3,072 per block, and over GPT-2 small's 12 blocks those are exactly
-    the 12 * 4 * 768 = 36,864 parameters by which this formula falls short of GPT-2.
+    d_model=8, d_ff=32 that is 808, or 840 with the affines. The attention-projection
+    biases (+4 d_model: one vector per Q, K, V and O projection) are added with
+    ``cfg.attn_bias``: a GPT-2-small block (d_model=768, ln_affine, attn_bias) has
+    7,087,872 parameters.
     """
     parts = param_breakdown(cfg)
     with_ln = cfg.ln_affine if ln_affine is None else bool(ln_affine)
-    return parts["attention"] + parts["ffn"] + parts["ffn_bias"] + (parts["ln_affine"] if with_ln else 0)
+    return (parts["attention"] + parts["ffn"] + parts["ffn_bias"] + (parts["ln_affine"] if with_ln else 0)
+            + (parts["attn_bias"] if cfg.attn_bias else 0))
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,8 @@ def flops(cfg: BlockConfig, T: int) -> FlopCount:
     ln_per = LAYERNORM_FLOPS_PER_ELEMENT + (LAYERNORM_AFFINE_FLOPS if cfg.ln_affine else 0)
     common = {
         "layernorm": 2 * T * d * ln_per,                    # LN1 and LN2
-        "qkv": 3 * 2 * T * d * d,                           # H_norm1 @ [W_Q W_K W_V]
-        "out_proj": 2 * T * d * d,                          # out_concat @ W_O
+        "qkv": 3 * 2 * T * d * d + (3 * T * d if cfg.attn_bias else 0),   # H_norm1 @ [W_Q W_K W_V]
+        "out_proj": 2 * T * d * d + (T * d if cfg.attn_bias else 0),      # out_concat @ W_O
         "ffn_up": 2 * T * d * f + (T * f if cfg.ffn_bias else 0),
         "activation": ACTIVATION_FLOPS[cfg.activation] * T * f,
         "ffn_down": 2 * T * f * d + (T * d if cfg.ffn_bias else 0),

@@ -177,7 +177,9 @@ def onnx_model(w: BlockWeights, cfg: BlockConfig):
     a = _float32(w, cfg)
     d = cfg.d_model
     inits = {"w_qkv": np.concatenate([a["w_q"], a["w_k"], a["w_v"]], axis=1),   # (d, 3d): [W_q W_k W_v]
-             "b_qkv": np.zeros(3 * d, np.float32),      # Attention's bias input; ours has none
+             # Attention's bias input (zeros without cfg.attn_bias)
+             "b_qkv": (np.concatenate([a["b_q"], a["b_k"], a["b_v"]]) if cfg.attn_bias
+                       else np.zeros(3 * d, np.float32)),
              "w_o": a["w_o"], "w_1": a["w_ff1"], "w_2": a["w_ff2"]}
     for n in ("ln1", "ln2"):
         inits[f"{n}_g"] = a.get(f"{n}_gamma", np.ones(d, np.float32))
@@ -195,7 +197,11 @@ def onnx_model(w: BlockWeights, cfg: BlockConfig):
         # fused QKV projection, per-head scores, causal mask (unidirectional) and AV
         att = node("Attention", [x, "w_qkv", "b_qkv"], f"att_{x}", domain="com.microsoft",
                    num_heads=cfg.n_heads, unidirectional=int(cfg.causal))
-        return node("MatMul", [att, "w_o"], f"mha_{x}")
+        out = node("MatMul", [att, "w_o"], f"mha_{x}")
+        if cfg.attn_bias:
+            inits["b_o"] = a["b_o"]
+            out = node("Add", [out, "b_o"], f"mhab_{x}")
+        return out
 
     def ffn(x):
         f = node("MatMul", [x, "w_1"], f"up_{x}")

@@ -16,6 +16,7 @@ from .config import BlockConfig
 # (name, shape as a function of the config); the optional ones follow the flags
 MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
 FFN_BIASES = ("b_ff1", "b_ff2")
+ATTN_BIASES = ("b_q", "b_k", "b_v", "b_o")
 LN_AFFINES = ("ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta")
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -26,6 +27,7 @@ def expected_shape(name: str, cfg: BlockConfig) -> tuple[int, ...]:
         "w_q": (d, d), "w_k": (d, d), "w_v": (d, d), "w_o": (d, d),
         "w_ff1": (d, f), "w_ff2": (f, d),
         "b_ff1": (f,), "b_ff2": (d,),
+        "b_q": (d,), "b_k": (d,), "b_v": (d,), "b_o": (d,),
         "ln1_gamma": (d,), "ln1_beta": (d,), "ln2_gamma": (d,), "ln2_beta": (d,),
     }[name]
 
@@ -79,6 +81,10 @@ class BlockWeights:
     ln1_beta: np.ndarray | None = None   # (d_model,) LN1 shift
     ln2_gamma: np.ndarray | None = None  # (d_model,) LN2 gain
     ln2_beta: np.ndarray | None = None   # (d_model,) LN2 shift
+    b_q: np.ndarray | None = None        # (d_model,) query bias, with cfg.attn_bias
+    b_k: np.ndarray | None = None        # (d_model,) key bias
+    b_v: np.ndarray | None = None        # (d_model,) value bias
+    b_o: np.ndarray | None = None        # (d_model,) output-projection bias
     # per-config validation results and backend-prepared arrays (fused QKV, casts):
     # safe to cache because every array above is a private read-only copy; init=False, so
     # dataclasses.replace builds a fresh one instead of inheriting the old weights' packing
@@ -86,7 +92,7 @@ class BlockWeights:
 
     def __post_init__(self):
         arrays = {}
-        for name in MATRICES + FFN_BIASES + LN_AFFINES:
+        for name in MATRICES + FFN_BIASES + LN_AFFINES + ATTN_BIASES:
             value = getattr(self, name)
             if value is None:
                 if name in MATRICES:
@@ -98,8 +104,10 @@ class BlockWeights:
             arrays[name] = a
         if any(arrays.get(n) is None for n in FFN_BIASES) and any(arrays.get(n) is not None for n in FFN_BIASES):
             raise ValueError("b_ff1 and b_ff2 must be given together, got only one of them")
-        if any(arrays.get(n) is None for n in LN_AFFINES) and any(arrays.get(n) is not None for n in LN_AFFINES):
-            raise ValueError("ln1_gamma, ln1_beta, ln2_gamma, ln2_beta must be given together, got only some")
+        for group in (LN_AFFINES, ATTN_BIASES):
+            given = [n for n in group if arrays.get(n) is not None]
+            if given and len(given) < len(group):
+                raise ValueError(f"{', '.join(group)} must be given together, got only {', '.join(given)}")
         # one dtype for the whole set: float64 if any array is float64
         dtype = np.result_type(*arrays.values()).newbyteorder("=")   # native byte order
         for name, a in arrays.items():
@@ -126,6 +134,10 @@ class BlockWeights:
     def has_ln_affine(self) -> bool:
         return self.ln1_gamma is not None
 
+    @property
+    def has_attn_bias(self) -> bool:
+        return self.b_q is not None
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays that are present, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -146,6 +158,9 @@ class BlockWeights:
         if cfg.ln_affine != self.has_ln_affine:
             raise ValueError(f"{name}: cfg.ln_affine={cfg.ln_affine} but the weights "
                              f"{'have' if self.has_ln_affine else 'lack'} LayerNorm gamma/beta")
+        if cfg.attn_bias != self.has_attn_bias:
+            raise ValueError(f"{name}: cfg.attn_bias={cfg.attn_bias} but the weights "
+                             f"{'have' if self.has_attn_bias else 'lack'} b_q/b_k/b_v/b_o")
         for field_name, a in self.arrays().items():
             want = expected_shape(field_name, cfg)
             if a.shape != want:
@@ -174,7 +189,8 @@ class BlockWeights:
 def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: float = 1.0) -> BlockWeights:
     """The lesson's initialisation: N(0,1)/sqrt(d_model) for W_Q, W_K, W_V, W_O; He init
     N(0,1)*sqrt(2/fan_in) for W_ff1 and W_ff2; ``w_o`` and ``w_ff2`` times ``branch_scale``
-    (nanoGPT's 1/sqrt(2N) for a stack of N). Biases start at 0, LayerNorm at gamma=1, beta=0.
+    (nanoGPT's 1/sqrt(2N) for a stack of N). Biases (FFN, attention) start at 0, LayerNorm at
+    gamma=1, beta=0.
 
     Draws in the lesson's order from one ``numpy.random.default_rng(seed)`` stream, in float64,
     then casts, so float32 and float64 weights of one seed agree to float32 rounding."""
@@ -215,6 +231,8 @@ def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: fl
     )
     if cfg.ffn_bias:
         w.update(b_ff1=np.zeros(f, dtype), b_ff2=np.zeros(d, dtype))
+    if cfg.attn_bias:
+        w.update(b_q=np.zeros(d, dtype), b_k=np.zeros(d, dtype), b_v=np.zeros(d, dtype), b_o=np.zeros(d, dtype))
     if cfg.ln_affine:
         w.update(ln1_gamma=np.ones(d, dtype), ln1_beta=np.zeros(d, dtype),
                  ln2_gamma=np.ones(d, dtype), ln2_beta=np.zeros(d, dtype))

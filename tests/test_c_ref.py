@@ -48,6 +48,8 @@ def random_weights(cfg, rng) -> tblock.BlockWeights:
     if cfg.ln_affine:
         w.update(ln1_gamma=nonzero(rng, d), ln1_beta=nonzero(rng, d),
                  ln2_gamma=nonzero(rng, d), ln2_beta=nonzero(rng, d))
+    if cfg.attn_bias:
+        w.update(b_q=nonzero(rng, d), b_k=nonzero(rng, d), b_v=nonzero(rng, d), b_o=nonzero(rng, d))
     return tblock.BlockWeights(**w)
 
 
@@ -86,6 +88,7 @@ def block_cases(draw):
         causal=draw(st.booleans()),
         ffn_bias=draw(st.booleans()),
         ln_affine=draw(st.booleans()),
+        attn_bias=draw(st.booleans()),
         scale=draw(st.sampled_from([1.0, 1e-3])),
         seed=draw(st.integers(0, 2**32 - 1)),
     )
@@ -93,7 +96,7 @@ def block_cases(draw):
 
 def _case(**kw):
     base = dict(B=1, T=1, d_model=1, n_heads=1, d_ff=1, norm="pre", activation="gelu_tanh", causal=True,
-                ffn_bias=False, ln_affine=False, scale=1.0, seed=0)
+                ffn_bias=False, ln_affine=False, attn_bias=False, scale=1.0, seed=0)
     base.update(kw)
     return base
 
@@ -101,7 +104,8 @@ def _case(**kw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=block_cases())
 @example(case=_case())                                                # everything 1
-@example(case=_case(B=3, T=2, d_model=1, n_heads=1, norm="post", ffn_bias=True, ln_affine=True))
+@example(case=_case(B=3, T=2, d_model=1, n_heads=1, norm="post", ffn_bias=True, ln_affine=True,
+                    attn_bias=True))
 @example(case=_case(B=1, T=300, d_model=256, n_heads=256, d_ff=64, causal=False,
                     activation="relu", ffn_bias=True, ln_affine=True))  # d_k = 1, T and d at their max
 @example(case=_case(B=3, T=64, d_model=256, n_heads=1, d_ff=300, norm="post",
@@ -109,7 +113,8 @@ def _case(**kw):
 def test_c_matches_oracle(case):
     cfg = tblock.BlockConfig(d_model=case["d_model"], n_heads=case["n_heads"], d_ff=case["d_ff"],
                              causal=case["causal"], norm=case["norm"], activation=case["activation"],
-                             ffn_bias=case["ffn_bias"], ln_affine=case["ln_affine"])
+                             ffn_bias=case["ffn_bias"], ln_affine=case["ln_affine"],
+                             attn_bias=case["attn_bias"])
     rng = np.random.default_rng(case["seed"])
     weights = random_weights(cfg, rng)
     H = rng.standard_normal((case["B"], case["T"], case["d_model"])) * case["scale"]
@@ -322,7 +327,7 @@ B, T = 2, 3
 
 def good_call():
     """Arguments of a valid tb_block_forward call, outputs filled with SENTINEL."""
-    cfg = tblock.BlockConfig(d_model=4, n_heads=2, d_ff=6, ffn_bias=True, ln_affine=True)
+    cfg = tblock.BlockConfig(d_model=4, n_heads=2, d_ff=6, ffn_bias=True, ln_affine=True, attn_bias=True)
     weights = cb._float64_weights(random_weights(cfg, np.random.default_rng(3)))
     fields = cb.config_fields(cfg)
     trace = {name: np.full(shape, SENTINEL) for name, shape in cb.trace_shapes(B, T, cfg).items()}
@@ -363,6 +368,7 @@ BAD_CALLS = [
     *[(f"NULL {n}", _set(f"weights.{n}", None), "TB_ERR_NULL_WEIGHT") for n in cb.WEIGHT_NAMES],
     ("biases without has_ffn_bias", _set("cfg.has_ffn_bias", 0), "TB_ERR_UNEXPECTED_WEIGHT"),
     ("gamma/beta without has_ln_affine", _set("cfg.has_ln_affine", 0), "TB_ERR_UNEXPECTED_WEIGHT"),
+    ("attention biases without has_attn_bias", _set("cfg.has_attn_bias", 0), "TB_ERR_UNEXPECTED_WEIGHT"),
     *[(f"NULL trace {n}", _set(f"trace.{n}", None), "TB_ERR_NULL_TRACE") for n in TRACE_NAMES],
     ("B = 0", _set("B", 0), "TB_ERR_DIM"),
     ("T = 0", _set("T", 0), "TB_ERR_DIM"),
@@ -378,6 +384,7 @@ BAD_CALLS = [
     ("causal = 2", _set("cfg.causal", 2), "TB_ERR_FLAG"),
     ("has_ffn_bias = 2", _set("cfg.has_ffn_bias", 2), "TB_ERR_FLAG"),
     ("has_ln_affine = -1", _set("cfg.has_ln_affine", -1), "TB_ERR_FLAG"),
+    ("has_attn_bias = 2", _set("cfg.has_attn_bias", 2), "TB_ERR_FLAG"),
     ("eps = 0", _set("cfg.eps", 0.0), "TB_ERR_EPS"),
     ("eps < 0", _set("cfg.eps", -1e-5), "TB_ERR_EPS"),
     ("eps NaN", _set("cfg.eps", float("nan")), "TB_ERR_EPS"),

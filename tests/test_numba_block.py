@@ -38,7 +38,7 @@ def random_weights(cfg, seed, nonzero_extras=True):
     a = w.arrays()
     rng = np.random.default_rng(seed + 1)
     if nonzero_extras:
-        for k in ("b_ff1", "b_ff2", "ln1_beta", "ln2_beta"):
+        for k in ("b_ff1", "b_ff2", "ln1_beta", "ln2_beta", "b_q", "b_k", "b_v", "b_o"):
             if k in a:
                 a[k] = rng.standard_normal(a[k].shape) * 0.5
         for k in ("ln1_gamma", "ln2_gamma"):
@@ -57,7 +57,7 @@ def block_cases(draw, max_T=512, max_d=256):
         d_model=d, n_heads=n_heads, d_ff=d_ff,
         causal=draw(st.booleans()), norm=draw(st.sampled_from(["pre", "post"])),
         activation=draw(st.sampled_from(["gelu_tanh", "gelu_erf", "relu"])),
-        ffn_bias=draw(st.booleans()), ln_affine=draw(st.booleans()))
+        ffn_bias=draw(st.booleans()), ln_affine=draw(st.booleans()), attn_bias=draw(st.booleans()))
     T = draw(st.one_of(st.integers(1, 40), st.integers(41, max_T)))
     B = draw(st.integers(1, 3))
     layout = draw(st.sampled_from(["2d", "3d", "strided", "fortran"]))

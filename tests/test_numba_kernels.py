@@ -57,26 +57,31 @@ def test_masked_softmax_kinds(dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("M, K, N", [(1, 1, 1), (4, 8, 8), (6, 128, 64), (5, 129, 65), (13, 300, 130),
                                      (7, 16, 200), (20, 257, 33)])
-def test_gemm_block_matches_numpy(M, K, N, dtype):
-    """C (+)= A @ B over row and panel sub-ranges, on the one-micro-tile shortcut (M <= 6,
-    one panel, K <= KC) and on the tiled loops (k blocks, partial panels and row tiles);
-    A and C with row strides wider than their rows; nothing outside the range written."""
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_block_matches_numpy(M, K, N, dtype, with_bias):
+    """C (+)= [bias +] A @ B over row and panel sub-ranges, on the one-micro-tile shortcut
+    (M <= 6, one panel, K <= KC) and on the tiled loops (k blocks, partial panels and row
+    tiles); A and C with row strides wider than their rows; nothing outside the range
+    written; the bias (after the packed matrix, zero-padded to whole panels) added once."""
     rng = np.random.default_rng(M * 1000 + K + N)
     NR = panel_width(dtype)
     A = rng.standard_normal((M, K + 3)).astype(dtype)         # lda = K + 3
     B = rng.standard_normal((K, N)).astype(dtype)
-    Bp = np.empty(packed_size(K, N, NR), dtype)
-    pack_b(B, Bp)
     npan = -(-N // NR)
+    size = packed_size(K, N, NR)
+    Bp = np.zeros(size + npan * NR, dtype)                     # the packed B, then the bias
+    pack_b(B, Bp)
+    bias = rng.standard_normal(N).astype(dtype) if with_bias else np.zeros(N, dtype)
+    Bp[size:size + N] = bias
     for i0, i1, p0, p1 in [(0, M, 0, npan), (M // 2, M, npan // 2, npan), (0, (M + 1) // 2, 0, 1)]:
         c0, c1 = p0 * NR, min(N, p1 * NR)
         for accumulate in (False, True):
             C = rng.standard_normal((M, N + 5)).astype(dtype)  # ldc = N + 5
             want = C.copy()
-            prod = A[i0:i1, :K].astype(np.float64) @ B[:, c0:c1].astype(np.float64)
+            prod = A[i0:i1, :K].astype(np.float64) @ B[:, c0:c1].astype(np.float64) + bias[c0:c1]
             want[i0:i1, c0:c1] = prod + (want[i0:i1, c0:c1] if accumulate else 0)
             gemm_block(A.reshape(-1), 0, K + 3, i0, i1, Bp, 0, K, N, p0, p1, C.reshape(-1), 0, N + 5,
-                       accumulate, KC)
+                       accumulate, KC, size if with_bias else -1)
             tol = 1e-12 if dtype == np.float64 else 1e-5
             np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(K))
 
@@ -95,7 +100,7 @@ def test_gemm_panels_reads_a_band_of_rows(dtype):
         A = rng.standard_normal((M, kb)).astype(dtype)
         C = np.zeros((M, N), dtype)
         gemm_panels(A.reshape(-1), 0, kb, 0, M, Bp, k0 * NR, Kfull * NR, kb, N, 0, -(-N // NR),
-                    C.reshape(-1), 0, N, False, KC)
+                    C.reshape(-1), 0, N, False, KC, -1)
         want = A.astype(np.float64) @ B[k0:k0 + kb].astype(np.float64)
         tol = 1e-12 if dtype == np.float64 else 1e-5
         np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(kb))

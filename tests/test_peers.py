@@ -43,10 +43,11 @@ def test_peer_matches_the_oracle(name, B):
 
 @pytest.mark.parametrize("name", ["torch", "ort"])
 def test_peer_takes_2d_input_and_other_configs(name):
-    # the builders follow the config: Post-LN, LayerNorm affines, FFN biases, erf GELU, no mask
+    # the builders follow the config: Post-LN, LayerNorm affines, FFN and attention biases,
+    # erf GELU, no mask
     need(name)
     cfg = tblock.BlockConfig(d_model=16, n_heads=4, norm="post", ln_affine=True, ffn_bias=True,
-                             activation="gelu_erf", causal=False)
+                             activation="gelu_erf", causal=False, attn_bias=True)
     rng = np.random.default_rng(0)
     w = tblock.init_weights(cfg, seed=1, dtype=np.float32)
     w = tblock.BlockWeights(**{k: (a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32)
@@ -150,13 +151,16 @@ def test_compare_peers_script_at_a_tiny_size(tmp_path):
     assert data["measured_fma_peak_gflops"] > 0 and data["fma_loop"]["lanes"] == data["isa"]["vector_bytes"] // 4
 
 
-@pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True)])
+@pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True,
+                                         attn_bias=True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_backend_torch_is_the_oracles_block_with_its_trace(kw, dtype):
     """The "torch" backend (tblock.backends.torch): forward and its trace by name, when torch
     is installed; a BackendUnavailable naming torch when it is not."""
     cfg = tblock.BlockConfig(d_model=16, n_heads=2, **kw)
-    w = tblock.init_weights(cfg, seed=4, dtype=dtype)
+    rng = np.random.default_rng(4)
+    w = tblock.BlockWeights(**{k: (a + 0.1 * rng.standard_normal(a.shape)).astype(dtype)      # nonzero biases
+                               for k, a in tblock.init_weights(cfg, seed=4, dtype=dtype).arrays().items()})
     H = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(dtype)
     if not peers.peer_status("torch")[0]:
         with pytest.raises(tblock.BackendUnavailable, match="torch"):

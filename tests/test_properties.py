@@ -20,14 +20,14 @@ def configs(draw, causal=None, norm=None):
         causal=draw(st.booleans()) if causal is None else causal,
         norm=draw(st.sampled_from(["pre", "post"])) if norm is None else norm,
         activation=draw(st.sampled_from(["gelu_tanh", "gelu_erf", "relu"])),
-        ffn_bias=draw(st.booleans()), ln_affine=draw(st.booleans()))
+        ffn_bias=draw(st.booleans()), ln_affine=draw(st.booleans()), attn_bias=draw(st.booleans()))
 
 
 def random_weights(cfg, seed, dtype=np.float64):
     """init_weights plus random (non-trivial) biases and LayerNorm affines."""
     rng = np.random.default_rng(seed)
     a = tblock.init_weights(cfg, seed=seed, dtype=dtype).arrays()
-    for k in ("b_ff1", "b_ff2", "ln1_beta", "ln2_beta"):
+    for k in ("b_ff1", "b_ff2", "ln1_beta", "ln2_beta", "b_q", "b_k", "b_v", "b_o"):
         if k in a:
             a[k] = (0.3 * rng.standard_normal(a[k].shape)).astype(dtype)
     for k in ("ln1_gamma", "ln2_gamma"):
@@ -66,7 +66,7 @@ def test_constant_V_passes_unchanged(backend, data):
     a = random_weights(cfg, 7).arrays()
     a["ln1_gamma"] = np.zeros_like(a["ln1_gamma"])
     _, tr = tblock.forward(H, tblock.BlockWeights(**a), cfg, backend=backend, trace=True)
-    V_row = a["ln1_beta"] @ a["w_v"]
+    V_row = a["ln1_beta"] @ a["w_v"] + a.get("b_v", 0.0)
     np.testing.assert_allclose(tr.out_concat, np.broadcast_to(V_row, tr.out_concat.shape),
                                rtol=1e-12, atol=1e-12 * max(1.0, np.abs(V_row).max()))
 

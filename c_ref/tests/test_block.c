@@ -261,6 +261,7 @@ static tb_config small_config(int64_t d_model, int64_t n_heads, int64_t d_ff, in
     cfg.eps = 1e-5;
     cfg.has_ffn_bias = 0;
     cfg.has_ln_affine = 0;
+    cfg.has_attn_bias = 0;
     return cfg;
 }
 
@@ -466,7 +467,7 @@ static void test_ffn(void)
 
 /* ---- tb_block_forward ---- */
 
-#define N_WEIGHTS 12
+#define N_WEIGHTS 16
 #define N_TRACE 13
 
 /* Everything one tb_block_forward call needs, each buffer malloc'ed at exactly its shape. */
@@ -508,15 +509,18 @@ static void fixture_init(fixture *fx, tb_config cfg, int64_t B, int64_t T, unsig
     {
         const double **weight[N_WEIGHTS] = {
             &fx->w.w_q, &fx->w.w_k, &fx->w.w_v, &fx->w.w_o, &fx->w.w_ff1, &fx->w.w_ff2,
-            &fx->w.b_ff1, &fx->w.b_ff2, &fx->w.ln1_gamma, &fx->w.ln1_beta, &fx->w.ln2_gamma, &fx->w.ln2_beta};
+            &fx->w.b_ff1, &fx->w.b_ff2, &fx->w.ln1_gamma, &fx->w.ln1_beta, &fx->w.ln2_gamma, &fx->w.ln2_beta,
+            &fx->w.b_q, &fx->w.b_k, &fx->w.b_v, &fx->w.b_o};
         size_t *weight_len[N_WEIGHTS] = {
             &fx->w.w_q_len, &fx->w.w_k_len, &fx->w.w_v_len, &fx->w.w_o_len, &fx->w.w_ff1_len, &fx->w.w_ff2_len,
             &fx->w.b_ff1_len, &fx->w.b_ff2_len, &fx->w.ln1_gamma_len, &fx->w.ln1_beta_len,
-            &fx->w.ln2_gamma_len, &fx->w.ln2_beta_len};
-        const size_t shape[N_WEIGHTS] = {d * d, d * d, d * d, d * d, d * f, f * d, f, d, d, d, d, d};
+            &fx->w.ln2_gamma_len, &fx->w.ln2_beta_len,
+            &fx->w.b_q_len, &fx->w.b_k_len, &fx->w.b_v_len, &fx->w.b_o_len};
+        const size_t shape[N_WEIGHTS] = {d * d, d * d, d * d, d * d, d * f, f * d, f, d, d, d, d, d, d, d, d, d};
         const int present[N_WEIGHTS] = {1, 1, 1, 1, 1, 1, cfg.has_ffn_bias, cfg.has_ffn_bias,
                                         cfg.has_ln_affine, cfg.has_ln_affine, cfg.has_ln_affine,
-                                        cfg.has_ln_affine};
+                                        cfg.has_ln_affine, cfg.has_attn_bias, cfg.has_attn_bias,
+                                        cfg.has_attn_bias, cfg.has_attn_bias};
         for (int i = 0; i < N_WEIGHTS; i++) {
             fx->weight[i] = weight[i];
             fx->weight_len[i] = weight_len[i];
@@ -599,9 +603,11 @@ static void test_block_by_hand(void)
     cfg.activation = TB_ACT_RELU;
     cfg.has_ffn_bias = 1;
     cfg.has_ln_affine = 1;
+    cfg.has_attn_bias = 1;
     fixture_init(&fx, cfg, 2, 3, 1);
     memcpy(fx.in, H_in, sizeof H_in);
-    /* LN1 -> beta1 = 0.5; Q = 0.5*2 = 1, K = 0.5*3 = 1.5, V = 0.5*4 = 2; A_out = 2*0.25 = 0.5;
+    /* LN1 -> beta1 = 0.5; Q = 0.5*2 + 0.5 = 1.5, K = 0.5*3 + 1 = 2.5, V = 0.5*4 - 1 = 1;
+     * A_out = 1*0.25 + 0.25 = 0.5;
      * LN2 -> beta2 = -1; F_pre = -1*2 + 3 = 1; F_post = 1; F_out = 1*0.5 + 0.25 = 0.75 */
     *(double *)fx.w.ln1_gamma = 7.0;
     *(double *)fx.w.ln1_beta = 0.5;
@@ -609,6 +615,10 @@ static void test_block_by_hand(void)
     *(double *)fx.w.w_k = 3.0;
     *(double *)fx.w.w_v = 4.0;
     *(double *)fx.w.w_o = 0.25;
+    *(double *)fx.w.b_q = 0.5;
+    *(double *)fx.w.b_k = 1.0;
+    *(double *)fx.w.b_v = -1.0;
+    *(double *)fx.w.b_o = 0.25;
     *(double *)fx.w.ln2_gamma = 7.0;
     *(double *)fx.w.ln2_beta = -1.0;
     *(double *)fx.w.w_ff1 = 2.0;
@@ -621,8 +631,8 @@ static void test_block_by_hand(void)
     CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
     for (int i = 0; i < 6; i++) {
         CHECK(fx.trace.H_norm1[i] == 0.5);
-        CHECK(fx.trace.Q[i] == 1.0 && fx.trace.K[i] == 1.5 && fx.trace.V[i] == 2.0);
-        CHECK_CLOSE(fx.trace.out_concat[i], 2.0);
+        CHECK(fx.trace.Q[i] == 1.5 && fx.trace.K[i] == 2.5 && fx.trace.V[i] == 1.0);
+        CHECK_CLOSE(fx.trace.out_concat[i], 1.0);
         CHECK_CLOSE(fx.trace.A_out[i], 0.5);
         CHECK_CLOSE(fx.trace.H_mid[i], H_in[i] + 0.5);
         CHECK(fx.trace.H_norm2[i] == -1.0);
@@ -639,23 +649,24 @@ static void test_block_by_hand(void)
     }
 
     /* Post-LN: H_mid = LN1(...) = beta1 = 0.5 and H_out = LN2(...) = beta2 = -1 whatever the sums;
-     * F_pre = 0.5*2 + 3 = 4; Q, K, V read H_in: Q = 2 H_in */
+     * F_pre = 0.5*2 + 3 = 4; Q, K, V read H_in: Q = 2 H_in + 0.5, V = 4 H_in - 1 */
     fx.cfg.norm = TB_NORM_POST;
     CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
     for (int i = 0; i < 6; i++) {
         CHECK(fx.trace.H_mid[i] == 0.5 && fx.trace.H_norm1[i] == 0.5);
         CHECK(fx.trace.H_out[i] == -1.0 && fx.trace.H_norm2[i] == -1.0 && fx.out[i] == -1.0);
         CHECK(fx.trace.F_pre[i] == 4.0 && fx.trace.F_out[i] == 4.0 * 0.5 + 0.25);
-        CHECK(fx.trace.Q[i] == 2.0 * H_in[i] && fx.trace.V[i] == 4.0 * H_in[i]);
+        CHECK(fx.trace.Q[i] == 2.0 * H_in[i] + 0.5 && fx.trace.V[i] == 4.0 * H_in[i] - 1.0);
     }
     /* token 0 sees only itself: its head output is its own value */
-    CHECK(fx.trace.out_concat[0] == 4.0 * H_in[0] && fx.trace.out_concat[3] == 4.0 * H_in[3]);
+    CHECK(fx.trace.out_concat[0] == 4.0 * H_in[0] - 1.0 && fx.trace.out_concat[3] == 4.0 * H_in[3] - 1.0);
     fixture_free(&fx);
 }
 
 /* A batch is its sequences one by one; the trace does not change the output; a longer
  * output buffer is written only within its shape. */
-static void test_block_consistency(int norm, int activation, int causal, int bias, int affine)
+static void test_block_consistency(int norm, int activation, int causal, int bias, int affine,
+                                   int attn_bias)
 {
     tb_config cfg = small_config(6, 3, 10, causal);
     fixture fx;
@@ -665,6 +676,7 @@ static void test_block_consistency(int norm, int activation, int causal, int bia
     cfg.activation = activation;
     cfg.has_ffn_bias = bias;
     cfg.has_ln_affine = affine;
+    cfg.has_attn_bias = attn_bias;
     fixture_init(&fx, cfg, 3, 5, 42);
     per_seq = fx.n_seq / 3;
 
@@ -718,6 +730,7 @@ static void test_block_bad_arguments(void)
     tb_config good = small_config(4, 2, 6, 1);
     good.has_ffn_bias = 1;
     good.has_ln_affine = 1;
+    good.has_attn_bias = 1;
     fixture_init(&fx, good, 2, 3, 7);
 
 #define BF_BAD(call, want)                     \
@@ -769,6 +782,11 @@ static void test_block_bad_arguments(void)
     fx.cfg.has_ln_affine = 0;
     BF_BAD(fixture_run(&fx, 1), TB_ERR_UNEXPECTED_WEIGHT);
     fx.cfg.has_ln_affine = 1;
+    fx.cfg.has_attn_bias = 0;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_UNEXPECTED_WEIGHT);
+    fx.cfg.has_attn_bias = 2;
+    BF_BAD(fixture_run(&fx, 1), TB_ERR_FLAG);
+    fx.cfg.has_attn_bias = 1;
 
     /* dimensions */
     BF_BAD(RUN(fx.out, fx.n_seq, fx.in, fx.n_seq, 0, 3, &fx.cfg, &fx.w, &fx.scratch, &fx.trace), TB_ERR_DIM);
@@ -897,8 +915,9 @@ int main(void)
     test_block_by_hand();
     for (int norm = 0; norm < 2; norm++)
         for (int act = 0; act < 3; act++)
-            for (int flags = 0; flags < 8; flags++)
-                test_block_consistency(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1);
+            for (int flags = 0; flags < 16; flags++)
+                test_block_consistency(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1,
+                                       (flags >> 3) & 1);
     test_block_bad_arguments();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;

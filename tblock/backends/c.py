@@ -23,9 +23,9 @@ from ..api import TRACE_NAMES, BackendUnavailable
 
 EXTENSION = "tblock._cref"
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
-                "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta")
+                "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "b_q", "b_k", "b_v", "b_o")
 CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "eps",
-                 "has_ffn_bias", "has_ln_affine")
+                 "has_ffn_bias", "has_ln_affine", "has_attn_bias")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
 _ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
 
@@ -67,7 +67,8 @@ def config_fields(cfg) -> dict:
     lib = _extension().lib
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
                 norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
-                eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine))
+                eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine),
+                has_attn_bias=int(cfg.attn_bias))
 
 
 class _Call:

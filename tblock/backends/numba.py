@@ -70,7 +70,8 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     d, dff = weights.w_ff1.shape
     NR = panel_width(dtype)
-    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, total = weight_layout(d, dff, NR)
+    (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo,
+     total) = weight_layout(d, dff, NR)
     flat = _aligned_empty(total, dtype)
     flat[:] = 0
     cast = lambda a: np.asarray(a, dtype=dtype)
@@ -89,6 +90,11 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     flat[o_be1:o_be1 + d] = 0 if weights.ln1_beta is None else cast(weights.ln1_beta)
     flat[o_g2:o_g2 + d] = 1 if weights.ln2_gamma is None else cast(weights.ln2_gamma)
     flat[o_be2:o_be2 + d] = 0 if weights.ln2_beta is None else cast(weights.ln2_beta)
+    if weights.b_q is not None:         # otherwise zeros, the padding past d_model too
+        bstep = (o_bo - o_bqkv) // 3
+        for j, b in enumerate((weights.b_q, weights.b_k, weights.b_v)):
+            flat[o_bqkv + j * bstep:o_bqkv + j * bstep + d] = cast(b)
+        flat[o_bo:o_bo + d] = cast(weights.b_o)
     flat.flags.writeable = False
     return flat
 
@@ -173,6 +179,8 @@ def _trace_weights(weights, dtype):
         d, dff = w.w_ff1.shape
         a.setdefault("b_ff1", np.zeros(dff, dtype))
         a.setdefault("b_ff2", np.zeros(d, dtype))
+        for name in ("b_q", "b_k", "b_v", "b_o"):
+            a.setdefault(name, np.zeros(d, dtype))
         a["ln1"] = np.concatenate([a.get("ln1_gamma", np.ones(d, dtype)), a.get("ln1_beta", np.zeros(d, dtype))])
         a["ln2"] = np.concatenate([a.get("ln2_gamma", np.ones(d, dtype)), a.get("ln2_beta", np.zeros(d, dtype))])
         a["zeros_ff"] = np.zeros(dff, dtype)
@@ -204,10 +212,10 @@ def _forward_trace(H, weights, cfg):
         return A
 
     def attention(X):
-        Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
+        Q, K, V = X @ w["w_q"] + w["b_q"], X @ w["w_k"] + w["b_k"], X @ w["w_v"] + w["b_v"]
         A = np.stack([head_probs(Q[b], K[b], nh, probs, dt) for b in range(B)])
         oc = np.stack([head_mix(A[b], V[b], dt) for b in range(B)])
-        A_out = oc @ w["w_o"]
+        A_out = oc @ w["w_o"] + w["b_o"]
         tr.update(Q=Q, K=K, V=V, A=A, out_concat=oc, A_out=A_out)
         return A_out
 
@@ -262,14 +270,14 @@ DRIVER_JIT = {**JIT, "cache": False}
 
 
 @njit(parallel=True, **DRIVER_JIT)
-def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, nthr):
-    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]), split into
-    tasks as the block's QKV and W_O stages are (stage_grid)."""
+def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, bias_off, nthr):
+    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]) + (the padded bias
+    at Wf[bias_off]), split into tasks as the block's QKV and W_O stages are (stage_grid)."""
     npn = panels(N, panel_lanes(Wf))
     mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
     for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npn)
-        gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC)
+        gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC, bias_off)
 
 
 @njit(parallel=True, **DRIVER_JIT)
@@ -290,7 +298,7 @@ def components(cfg, weights, dtype):
     Wf = _packed(weights, dtype)
     d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads
     NR = panel_width(dtype)             # the panel width _pack_weights used
-    o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, _ = weight_layout(d, dff, NR)
+    o_qkv, o_o, _, _, _, _, o_g1, o_be1, _, _, o_bqkv, o_bo, _ = weight_layout(d, dff, NR)
     act = ACTIVATION_CODES[cfg.activation]
 
     def layernorm(X):
@@ -314,12 +322,13 @@ def components(cfg, weights, dtype):
         T = X.shape[0]
         qkv = np.empty(T * 3 * d, dtype=dtype)
         step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
+        bstep = (o_bo - o_bqkv) // 3    # and so are their padded biases
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
             parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d,
-                          pass_threads=True)
+                          o_bqkv + j * bstep, pass_threads=True)
         parallel_call(attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
-        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d, pass_threads=True)
+        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d, o_bo, pass_threads=True)
         return out
 
     def ffn(X):

@@ -91,10 +91,15 @@ def attention_core(Q, K, V, cfg):
 
 
 def attention(X, w, cfg, trace):
-    """MHA(X): the per-head core on X's projections, concatenated, then W_O."""
+    """MHA(X): the per-head core on X's projections, concatenated, then W_O
+    (each projection plus its bias with cfg.attn_bias)."""
     Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]      # (T, d_model) each
+    if cfg.attn_bias:
+        Q, K, V = Q + w["b_q"], K + w["b_k"], V + w["b_v"]
     out_concat, A = attention_core(Q, K, V, cfg)
     A_out = out_concat @ w["w_o"]
+    if cfg.attn_bias:
+        A_out = A_out + w["b_o"]
     trace.update(Q=Q, K=K, V=V, A=A, out_concat=out_concat, A_out=A_out)
     return A_out
 

@@ -1,4 +1,4 @@
-"""Backend "torch": nanoGPT's Block (model.py, bias=False) in PyTorch eager, as a reference.
+"""Backend "torch": nanoGPT's Block (model.py; biases as the config says) in PyTorch eager, as a reference.
 
 It is an outside reference, not one of tblock's implementations: ``forward(..., backend="torch")``
 runs it when torch is installed (BackendUnavailable otherwise), the report times its
@@ -62,8 +62,8 @@ def _torch_classes():
             super().__init__()
             self.d, self.n_head, self.causal = cfg.d_model, cfg.n_heads, cfg.causal
             # key, query, value projections for all heads, in one batch
-            self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-            self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+            self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.attn_bias)
+            self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.attn_bias)
 
         def heads(self, x):
             B, T, C = x.size()                       # (B, T, C) -> (B, nh, T, hs)
@@ -136,6 +136,9 @@ def torch_module(w: BlockWeights, cfg: BlockConfig, dtype=np.float32):
         block.attn.c_proj.weight.copy_(t(a["w_o"].T))
         block.mlp.c_fc.weight.copy_(t(a["w_ff1"].T))
         block.mlp.c_proj.weight.copy_(t(a["w_ff2"].T))
+        if cfg.attn_bias:
+            block.attn.c_attn.bias.copy_(t(np.concatenate([a["b_q"], a["b_k"], a["b_v"]])))
+            block.attn.c_proj.bias.copy_(t(a["b_o"]))
         if cfg.ffn_bias:
             block.mlp.c_fc.bias.copy_(t(a["b_ff1"]))
             block.mlp.c_proj.bias.copy_(t(a["b_ff2"]))
