@@ -2,6 +2,7 @@
 #   make report   create .venv, install tblock into it, run `tblock report` (writes tblock-report/)
 #   make test     the same with the test extra, then the whole test suite, then the kernel
 #                 and block tests on every other vector path the CPU can run
+#   make test-interop  tblock.GPT2 against transformers (installs transformers and CPU torch)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -39,6 +40,13 @@ test-isa: install-test
 	  TBLOCK_ISA=$$isa $(BIN)/python -m pytest -q $(ISA_TESTS) || exit 1; \
 	done
 
+# tblock.GPT2 against transformers' GPT2LMHeadModel (tests/interop, which plain pytest skips):
+# the interop extra brings transformers and the CPU torch; `make test` itself needs no torch
+.PHONY: test-interop
+test-interop: install-test
+	$(BIN)/python -m pip install --quiet -e ".[interop]"
+	$(BIN)/python -m pytest -q tests/interop
+
 clean:
 	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache
 
@@ -56,3 +64,10 @@ bench: install-test
 bench-peers: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[peers]"
 	$(BIN)/python bench/compare_peers.py $(PEERS_ARGS)
+
+# a GPT-2-small-shaped model (random weights): the logits of T = 128 and 1024 against
+# transformers (torch, 2 threads), the vocabulary head included (minutes; not in `make test`)
+.PHONY: bench-gpt2
+bench-gpt2: install-test
+	$(BIN)/python -m pip install --quiet -e ".[interop]"
+	$(BIN)/python bench/bench_gpt2.py $(GPT2_ARGS)
