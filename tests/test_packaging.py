@@ -94,3 +94,29 @@ def test_the_sdist_holds_the_tests_their_data_and_the_licence(tmp_path):
     assert tests <= names, sorted(tests - names)
     assert "License-Expression: MIT" in meta and "License-File: LICENSE" in meta
     assert "Copyright (c) 2026 the tblock authors" in (root / "LICENSE").read_text()
+    assert {"tblock/web/index.html", "tblock/web/demo.css", "tblock/web/demo.js"} <= names
+
+
+def test_the_wheel_ships_the_demo_page(tmp_path):
+    """A non-editable install has the page's files: `tblock demo --export` from the unpacked wheel."""
+    import shutil
+    import zipfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".benchmarks", ".hypothesis",
+        "tblock-report", "lesson13-figures", "*.so", "_build", "tests", "bench", "docs"))
+    made = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        assert {"tblock/web/index.html", "tblock/web/demo.css", "tblock/web/demo.js"} <= set(z.namelist())
+        z.extractall(site)
+    out = subprocess.run([sys.executable, "-m", "tblock", "demo", "--export", str(tmp_path / "page")], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "page" / "demo.js").read_bytes() == (root / "tblock" / "web" / "demo.js").read_bytes()
+    assert (tmp_path / "page" / "runs.js").stat().st_size > 1_000_000        # 80 runs
