@@ -3,6 +3,7 @@
 #   make test     the same with the test extra, then the whole test suite, then the kernel
 #                 and block tests on every other vector path the CPU can run
 #   make test-interop  tblock.GPT2 against transformers (installs transformers and CPU torch)
+#   make test-browser  the demo page (tblock demo) in headless chromium; writes docs/demo.png
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -46,6 +47,20 @@ test-isa: install-test
 test-interop: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
 	$(BIN)/python -m pytest -q tests/interop
+
+# the demo page (tblock demo) in headless chromium (tests/browser, which plain pytest ignores):
+# the browser extra brings selenium; Debian's chromium and chromium-driver come from apt-get
+# when missing, never a downloaded browser; the run writes the README's screenshot docs/demo.png
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.PHONY: test-browser
+test-browser: install-test
+	$(BIN)/python -m pip install --quiet -e ".[browser]"
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  echo "== installing chromium and chromium-driver with apt-get"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	fi
+	TBLOCK_SCREENSHOT=docs/demo.png $(BIN)/python -m pytest -q -o addopts=-ra tests/browser
 
 clean:
 	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache
