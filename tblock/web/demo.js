@@ -159,7 +159,8 @@
       const w = state && state.attention ? state.attention[t] : null;
       chip.style.background = w === null ? "" : mix(ATTENTION, w);
       chip.querySelector(".weight").textContent = w === null ? "" : state.attention_text[t];
-      chip.classList.toggle("tapped", t === who);
+      chip.classList.toggle("inspected", t === who);          // tapped, or else the token being computed
+      chip.classList.toggle("tapped", t === view.tapped);
       chip.classList.toggle("current", t === current.token);
     });
     $("vocab").querySelectorAll(".chip").forEach((chip, v) => {
