@@ -171,7 +171,7 @@ class _TokenState:
         self.guess = None           # the predict payload
 
     def update(self, kind, p):
-        if kind in ("embed",):
+        if kind == "embed":
             self.row = p["sum"]
         elif kind in ("add", "norm"):
             self.row = p["after"]
