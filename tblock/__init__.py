@@ -10,6 +10,7 @@ from ._runtime import get_num_threads, set_num_threads, threads
 from .api import (BACKEND_MODULES, BackendUnavailable, Block, Stack, Trace, available_backends,
                   forward)
 from .config import BlockConfig
+from .kvcache import KVCache
 from .counting import FlopCount, crossover_T, flops, param_breakdown, param_count
 from .weights import BlockWeights, init_weights
 from .worked_example import LESSON_PRINTED, load_worked_example
@@ -43,7 +44,7 @@ def warmup() -> None:
     _warmup()
 
 __all__ = [
-    "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount",
+    "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount", "KVCache",
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
     "get_num_threads", "init_weights", "isa", "load_worked_example", "param_breakdown", "param_count",
     "set_num_threads", "threads", "warmup",

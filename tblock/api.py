@@ -16,6 +16,7 @@ import numpy as np
 
 from .backends import BACKEND_MODULES, DEFAULT_BACKEND, REFERENCES
 from .config import BlockConfig
+from .kvcache import KVCache, make_caches
 from .weights import BlockWeights, as_float_array, check_finite, init_weights
 
 # lesson names of the intermediates, in the order the block computes them (Pre-LN)
@@ -112,20 +113,35 @@ def check_input(H, cfg: BlockConfig, name: str = "H", finite: bool = True) -> np
     return H
 
 
-def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None, trace: bool = False):
+def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None, trace: bool = False,
+            cache: KVCache | None = None):
     """Run one transformer block on ``H`` ((T, d_model) or (B, T, d_model), float32 or
     float64, any strides). Returns ``H_out`` with the input's shape and dtype, or
-    ``(H_out, Trace)`` with ``trace=True``. Never modifies its arguments."""
+    ``(H_out, Trace)`` with ``trace=True``. Never modifies its arguments.
+
+    With ``cache`` (a KVCache of this config, dtype and batch), ``H`` holds the next rows
+    of the sequences whose first ``cache.length`` rows the cache has seen: their keys and
+    values are appended to it, and the rows returned are those a forward over the whole
+    sequence would give. On any error the cache is left as it was."""
     if not isinstance(cfg, BlockConfig):
         raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
     if not isinstance(weights, BlockWeights):
         raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be a bool, got {type(trace).__name__}")
-    module = get_backend(DEFAULT_BACKEND if backend is None else backend)
+    if cache is not None:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a tblock.KVCache, got {type(cache).__name__}")
+        if trace:
+            raise ValueError("trace=True cannot be combined with a cache (trace the whole sequence instead)")
+    name = DEFAULT_BACKEND if backend is None else backend
+    module = get_backend(name)
+    run_cached = getattr(module, "forward_cached", None)
+    if cache is not None and run_cached is None:
+        raise ValueError(f"backend {name!r} has no KV-cache path")
     weights.check(cfg)
     # a backend with CHECKS_FINITE looks for NaN/Inf in the same call as its work and
-    # returns (None, None) when it finds one; the error is raised below, the same as ever
+    # returns None when it finds one; the error is raised below, the same as ever
     H = check_input(H, cfg, finite=not module.CHECKS_FINITE)
     if not H.dtype.isnative:
         H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
@@ -136,10 +152,18 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     # read-only: a backend cannot write into the caller's array; and the compiled block
     # sees one array type, whatever the input's flags, so warmup() covers every call
     H3.setflags(write=False)
-    H_out, tr = module.forward_batch(H3, weights, cfg, trace)
+    if cache is not None:
+        cache.check(H3, cfg)
+        # the backend writes the new keys and values past cache.length; only a finished
+        # call moves cache.length, so a failed one leaves the cache's contents unused
+        H_out, tr = run_cached(H3, weights, cfg, cache), None
+    else:
+        H_out, tr = module.forward_batch(H3, weights, cfg, trace)
     if H_out is None:
         check_finite("H", H)                # raises, naming where the NaN or Inf is
         raise AssertionError("the backend found a NaN or an Inf that check_finite does not")
+    if cache is not None:
+        cache.length += H3.shape[1]
     if H_out.dtype is not H.dtype and H_out.dtype != H.dtype:
         H_out = H_out.astype(H.dtype)   # float64 backends (numpy, c) on float32 input
     if flat:
@@ -164,8 +188,12 @@ class Block:
             get_backend(backend)
         self.cfg, self.weights, self.backend = cfg, weights, backend
 
-    def __call__(self, H, backend: str | None = None, trace: bool = False):
-        return forward(H, self.weights, self.cfg, backend=backend or self.backend, trace=trace)
+    def __call__(self, H, backend: str | None = None, trace: bool = False, cache: KVCache | None = None):
+        return forward(H, self.weights, self.cfg, backend=backend or self.backend, trace=trace, cache=cache)
+
+    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32) -> KVCache:
+        """An empty KVCache for this block."""
+        return KVCache(self.cfg, max_T, batch, dtype)
 
 
 class Stack:
@@ -199,16 +227,39 @@ class Stack:
     def __len__(self):
         return len(self.blocks)
 
-    def __call__(self, H, backend: str | None = None, trace: bool = False):
-        """H_N, or with ``trace=True`` (H_N, [Trace of block 1, ..., block N])."""
+    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32) -> list[KVCache]:
+        """Empty KVCaches, one per block, for ``stack(H, cache=...)``."""
+        return make_caches(self.cfg, len(self.blocks), max_T, batch, dtype)
+
+    def __call__(self, H, backend: str | None = None, trace: bool = False, cache=None):
+        """H_N, or with ``trace=True`` (H_N, [Trace of block 1, ..., block N]).
+        ``cache``: a list of one KVCache per block (make_cache); H then holds the next rows."""
+        if cache is not None:
+            self._check_caches(cache, H)
         traces = []
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             if trace:
                 H, tr = block(H, backend=backend, trace=True)
                 traces.append(tr)
             else:
-                H = block(H, backend=backend)
+                H = block(H, backend=backend, cache=None if cache is None else cache[i])
         return (H, traces) if trace else H
+
+    def _check_caches(self, caches, H) -> None:
+        # every block's cache is checked before the first one is written, so that a bad
+        # one at block l does not leave blocks 0..l-1 a token ahead
+        if isinstance(caches, KVCache) or not isinstance(caches, (list, tuple)):
+            raise TypeError(f"cache must be a list of one KVCache per block, got {type(caches).__name__}")
+        if len(caches) != len(self.blocks):
+            raise ValueError(f"cache must hold one KVCache per block ({len(self.blocks)}), got {len(caches)}")
+        H3 = check_input(H, self.cfg, finite=False)
+        H3 = H3[None] if H3.ndim == 2 else H3
+        for i, c in enumerate(caches):
+            if not isinstance(c, KVCache):
+                raise TypeError(f"cache[{i}] must be a KVCache, got {type(c).__name__}")
+            c.check(H3, self.cfg)
+        if len({c.length for c in caches}) != 1:
+            raise ValueError(f"the blocks' caches hold different lengths {[c.length for c in caches]}")
 
     def residual_norms(self, H, backend: str | None = None) -> np.ndarray:
         """Frobenius norms |H_0|, |H_1|, ..., |H_N| of the residual stream along depth."""

@@ -90,18 +90,48 @@ def attention_core(Q, K, V, cfg):
     return head_mix(A, V, Q.dtype), A
 
 
-def attention(X, w, cfg, trace):
-    """MHA(X): the per-head core on X's projections, concatenated, then W_O
-    (each projection plus its bias with cfg.attn_bias)."""
-    Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]      # (T, d_model) each
+def projections(X, w, cfg):
+    """Q, K, V of the rows of X, each (T, d_model), plus their biases with cfg.attn_bias."""
+    Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
     if cfg.attn_bias:
         Q, K, V = Q + w["b_q"], K + w["b_k"], V + w["b_v"]
-    out_concat, A = attention_core(Q, K, V, cfg)
+    return Q, K, V
+
+
+def output_projection(out_concat, w, cfg):
+    """A_out = out_concat W_O (+ b_O)."""
     A_out = out_concat @ w["w_o"]
-    if cfg.attn_bias:
-        A_out = A_out + w["b_o"]
+    return A_out + w["b_o"] if cfg.attn_bias else A_out
+
+
+def attention(X, w, cfg, trace):
+    """MHA(X): the per-head core on X's projections, concatenated, then W_O."""
+    Q, K, V = projections(X, w, cfg)
+    out_concat, A = attention_core(Q, K, V, cfg)
+    A_out = output_projection(out_concat, w, cfg)
     trace.update(Q=Q, K=K, V=V, A=A, out_concat=out_concat, A_out=A_out)
     return A_out
+
+
+def cached_attention(cache, b):
+    """MHA for the next rows of sequence b of a KVCache: their K and V are appended after
+    the cache's first ``cache.length`` rows, and query i (token past + i) attends to keys
+    0 .. past + i, the causal mask of the whole sequence."""
+    def attend(X, w, cfg, trace):
+        past, T_new = cache.length, X.shape[0]
+        Q, K, V = projections(X, w, cfg)
+        heads = lambda M: M.reshape(T_new, cfg.n_heads, cfg.d_k).transpose(1, 0, 2)  # (T, d) -> (h, T, d_k)
+        cache.K[b, :, past:past + T_new] = heads(K)
+        cache.V[b, :, past:past + T_new] = heads(V)
+        rows = lambda C: C[b, :, :past + T_new].transpose(1, 0, 2).reshape(past + T_new, -1)  # (h, T, d_k) -> (T, d)
+        K_all, V_all = rows(cache.K).astype(np.float64), rows(cache.V).astype(np.float64)
+        keep = np.tril(np.ones((T_new, past + T_new), dtype=bool), k=past)
+        scale = 1.0 / np.sqrt(cfg.d_k)
+        A = head_probs(Q, K_all, cfg.n_heads, lambda S: softmax_rows(np.where(keep, S * scale, -np.inf)))
+        A_out = output_projection(head_mix(A, V_all, np.float64), w, cfg)
+        trace.update(Q=Q, K=K, V=V, A=A, A_out=A_out)
+        return A_out
+    return attend
 
 
 def ffn(X, w, cfg, trace):
@@ -117,8 +147,9 @@ def ffn(X, w, cfg, trace):
     return F_out
 
 
-def block_forward_one(H_in, w, cfg):
-    """One sequence (T, d_model) through the block; returns H_out and the trace dict."""
+def block_forward_one(H_in, w, cfg, attention=attention):
+    """One sequence (T, d_model) through the block; returns H_out and the trace dict.
+    ``attention(X, w, cfg, trace)`` is the MHA sublayer (cached_attention with a cache)."""
     tr = {}
     ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
     ln2 = (w.get("ln2_gamma"), w.get("ln2_beta"))
@@ -154,6 +185,16 @@ def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace:
     if not trace:
         return H_out, None
     return H_out, {k: np.stack([tr[k] for tr in traces]) for k in traces[0]}
+
+
+def forward_cached(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, cache):
+    """The KV-cache entry point: H (B, T_new, d_model) holds the rows after the cache's
+    first cache.length; returns their float64 H_out, having written their K and V into
+    the cache (in its dtype) past cache.length (tblock.api then moves cache.length)."""
+    w = {name: a.astype(np.float64) for name, a in weights.arrays().items()}
+    H = H.astype(np.float64)
+    return np.stack([block_forward_one(H[b], w, cfg, cached_attention(cache, b))[0]
+                     for b in range(H.shape[0])])                     # (B, T_new, d_model)
 
 
 def components(cfg, weights, dtype):
