@@ -50,8 +50,8 @@ from .layout import ceil_div, panels, row_piece, rows_per_task, stage_grid, task
 from .options import kernel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
-                     copy_add, ffn_down_task, ffn_tile, ffn_up_task, layernorm_piece, pack_head,
-                     qkv_task)
+                     cache_packed_task, cache_rows_task, cached_attention_task, copy_add, ffn_down_task,
+                     ffn_tile, ffn_up_task, layernorm_piece, pack_head, qkv_task)
 from .validate import all_finite
 
 
@@ -75,12 +75,18 @@ def attention_core(qkv, T, d, n_heads, causal):
         attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp)
 
 
-def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
+def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
     """The block on H3 (B, T, d) C-contiguous: (H_out, True) with H_out a new (B, T, d)
     array, or (an empty array, False) when H3 holds a NaN or an Inf;
     Wf: the flat weights (weight_layout).  act: an activations.*_CODE.  nthr: the number
     of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
-    an argument because calling get_num_threads in here makes the function uncacheable."""
+    an argument because calling get_num_threads in here makes the function uncacheable.
+
+    With a KV cache (past >= 0; causal): Kc, Vc are its flat (B, n_heads, max_T, d_k) keys
+    and values, holding tokens 0..past-1; H3's rows are tokens past..past+T-1, their keys
+    and values are written there, and with past > 0 they attend over the cached tokens
+    too (stage 2 per (sequence, head), reading each cached head as one contiguous block).
+    past = -1: no cache (Kc, Vc unused)."""
     NR = panel_lanes(Wf)
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
@@ -92,7 +98,8 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     rows = H.size // d
     nseq = rows // T
     dt = H.dtype
-    direct = T * T * (d // n_heads) <= DIRECT_MAX
+    extend = past > 0                   # the new rows attend over cached tokens too
+    direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
     if direct:
         # tiny sequences: Q, K, V side by side in one (rows, 3d) buffer, read in place
         ldq = 3 * d
@@ -120,16 +127,28 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         qkv_task(X, Wf, o_qkv, o_g1, o_be1, o_bqkv, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
                  q, ldq, kt, vp, not direct)
 
-    if direct:
+    if extend:
+        # 2. with tokens cached: per (sequence, head), append the new keys and values to
+        # the cache and attend over all of it
+        srow = np.empty(nseq * n_heads * (past + T))
+        for t in prange(nseq * n_heads):
+            cached_attention_task(q, T, d, n_heads, t, Kc, Vc, past, max_T, srow)
+    elif direct:
         # 2. for tiny sequences: one task per (sequence, head), no packing
         srow = np.empty(nseq * n_heads * T)
         for t in prange(nseq * n_heads):
+            if past == 0:
+                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, 0, max_T)
             attention_direct_task(q, T, d, n_heads, causal, t, srow)
     else:
         # 2. attention per (sequence, head, query tile), head by head, costly tiles first
         nqt = ceil_div(T, BQ)
         for t in prange(nseq * n_heads * nqt):
             attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
+        if past == 0:
+            # a first chunk into an empty cache: its packed keys and values, unpacked
+            for t in prange(nseq * n_heads):
+                cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,

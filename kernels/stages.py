@@ -286,5 +286,59 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
     b = t // n_heads
     h = t % n_heads
     base = b * T * ld + h * dk
-    attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
-                          srow[t * T:(t + 1) * T], qkv, base, ld)
+    attention_rows_direct(qkv, ld, base, qkv, base + d, ld, qkv, base + 2 * d, ld, T, 0, dk, causal,
+                          1.0 / np.sqrt(dk), srow[t * T:(t + 1) * T], qkv, base, ld)
+
+
+@kernel
+def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
+    """Keys and values of the T new rows of head h = t % n_heads of sequence
+    b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache's
+    (B, n_heads, max_T, d_k) K and V at tokens past..past+T-1."""
+    W = lanes(Kc)
+    dk = d // n_heads
+    ld = 3 * d
+    b = t // n_heads
+    h = t % n_heads
+    dst = (t * max_T + past) * dk
+    for i in range(T):
+        src = (b * T + i) * ld + h * dk
+        for c in range(0, dk, W):
+            vstore_n(Kc, dst + i * dk + c, vload_n(qkv, src + d + c, dk - c), dk - c)
+            vstore_n(Vc, dst + i * dk + c, vload_n(qkv, src + 2 * d + c, dk - c), dk - c)
+
+
+@kernel
+def cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T):
+    """Task t's keys and values, as cache_rows_task, from the packed K^T panels and V
+    rows of a first chunk (attention_buffers' layouts) into the cache at tokens 0..T-1."""
+    NR = panel_lanes(kt)
+    W = lanes(Kc)
+    dk = d // n_heads
+    ktn = kt_len(T, dk, NR)
+    ldv = v_stride(dk, NR)
+    dst = t * max_T * dk
+    for j in range(T):
+        panel = t * ktn + (j // NR) * dk * NR + j % NR
+        for c in range(dk):
+            Kc[dst + j * dk + c] = kt[panel + c * NR]
+        for c in range(0, dk, W):
+            vstore_n(Vc, dst + j * dk + c, vload_n(vp, (t * T + j) * ldv + c, dk - c), dk - c)
+
+
+@kernel
+def cached_attention_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T, srow):
+    """Stage 2 of a call that extends a KVCache (past > 0 tokens cached): head h of
+    sequence b (t = b*n_heads + h) appends its new keys and values to the cache, then
+    each new query i attends over cached tokens 0..past+i; the output goes over its Q
+    columns of the (B*T, 3d) rows.  srow: float64 scratch, past + T per task."""
+    dk = d // n_heads
+    ld = 3 * d
+    b = t // n_heads
+    h = t % n_heads
+    cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T)
+    q = b * T * ld + h * dk
+    kv = t * max_T * dk
+    n = past + T
+    attention_rows_direct(qkv, ld, q, Kc, kv, dk, Vc, kv, dk, T, past, dk, True, 1.0 / np.sqrt(dk),
+                          srow[t * n:(t + 1) * n], qkv, q, ld)

@@ -120,7 +120,9 @@ CHECKS_FINITE = True
 def _plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then _flop_terms)."""
-    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps)
+    # the last four: no KV cache (empty K and V of the dtype, past = -1, max_T = 0)
+    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps,
+               np.empty(0, dtype), np.empty(0, dtype), -1, 0)
     return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
@@ -146,6 +148,27 @@ def forward_batch(H, weights, cfg, trace):
     else:
         out, finite = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
     return (out, None) if finite else (None, None)
+
+
+def forward_cached(H, weights, cfg, cache):
+    """The KV-cache entry point of tblock.api: H (B, T_new, d_model) holds the tokens after
+    the cache's first cache.length; the compiled block writes their keys and values into
+    the cache's arrays and attends over the cache (kernels.block, past >= 0).  Returns
+    H_out, or None when H holds a NaN or an Inf (nothing is written then)."""
+    plan = weights._cache.get(("numba-plan", H.dtype.char))
+    if plan is None or plan[0] is not cfg:
+        plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
+    _, flat, scalars, per_row, per_key = plan
+    B, T, d = H.shape
+    past = cache.length
+    args = (H, flat, T, d) + scalars[:6] + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T)
+    # each new token t sees past + t + 1 keys
+    if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
+            or _runtime._threads == 1 or _runtime._serial_only):
+        out, finite = block_serial(*args, 1)
+    else:
+        out, finite = parallel_call(block_parallel, *args, pass_threads=True)
+    return out if finite else None
 
 
 def parallel_call(fn, *args, pass_threads=False):
@@ -252,7 +275,7 @@ def warmup() -> None:
         w = init_weights(cfg, seed=0, dtype=dtype)
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
-        args = (H, _packed(w, dtype), 4, 8, 2, cfg.d_ff, True, True, 0, cfg.eps)
+        args = (H, _packed(w, dtype), 4, 8) + _plan(w, cfg, dtype)[2]
         block_serial(*args, 1)
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
