@@ -340,6 +340,7 @@ class GPT2:
         self.wpe = own("wpe", wpe, (config.n_positions, d))     # (n_positions, d): row t is position t
         self.ln_f = np.concatenate([own("ln_f_gamma", ln_f_gamma, (d,)),
                                     own("ln_f_beta", ln_f_beta, (d,))])     # (2d,): [gamma | beta]
+        self.ln_f.flags.writeable = False       # like every array of the model: edits cannot go stale
         if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
             raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
         if len(blocks) != config.n_layer:
