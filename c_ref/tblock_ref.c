@@ -41,6 +41,9 @@ static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
     [TB_ERR_SCRATCH_SIZE]      = "TB_ERR_SCRATCH_SIZE",
     [TB_ERR_TRACE_SIZE]        = "TB_ERR_TRACE_SIZE",
     [TB_ERR_OVERLAP]           = "TB_ERR_OVERLAP",
+    [TB_ERR_NOT_CAUSAL]        = "TB_ERR_NOT_CAUSAL",
+    [TB_ERR_CACHE_RANGE]       = "TB_ERR_CACHE_RANGE",
+    [TB_ERR_CACHE_SIZE]        = "TB_ERR_CACHE_SIZE",
 };
 
 static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
@@ -64,6 +67,11 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_SCRATCH_SIZE]      = "the scratch buffer is shorter than it must be (see tb_scratch_len)",
     [TB_ERR_TRACE_SIZE]        = "a trace buffer is shorter than its shape needs",
     [TB_ERR_OVERLAP]           = "an output buffer overlaps another buffer of the same call",
+    [TB_ERR_NOT_CAUSAL]        = "a KV cache needs a causal block (causal = 1): with every key visible, "
+                                 "a new token would change the earlier rows",
+    [TB_ERR_CACHE_RANGE]       = "the new tokens do not fit in the cache: past must be >= 0 and "
+                                 "past + T_new <= max_T",
+    [TB_ERR_CACHE_SIZE]        = "a key or value cache is shorter than (B, n_heads, max_T, d_k)",
 };
 
 const char *tb_status_name(int status)
@@ -122,20 +130,23 @@ static int dim_size(int64_t v, size_t *out)
     return 1;
 }
 
-/* Every dimension and buffer length of one call, in doubles. */
+/* Every dimension and buffer length of one call, in doubles. A call's T query rows
+ * attend over `keys` key rows: the same T rows in tb_block_forward, the past cached
+ * ones and the T new ones in tb_block_forward_cached. */
 typedef struct {
     size_t B, T, d, h, dk, f;   /* batch, tokens, d_model, n_heads, d_k, d_ff */
+    size_t past, keys;          /* tokens before the T rows (0 without a cache); keys = past + T */
     size_t dd, df;              /* weights (d, d) and (d, f) = (f, d) */
-    size_t Td, Tf, TT, hTT;     /* one sequence: (T, d), (T, f), (T, T), (h, T, T) */
-    size_t BTd, BTf, BhTT;      /* the batch:    (B, T, d), (B, T, f), (B, h, T, T) */
+    size_t Td, Tf, TK, hTK;     /* one sequence: (T, d), (T, f), (T, keys), (h, T, keys) */
+    size_t BTd, BTf, BhTK;      /* the batch:    (B, T, d), (B, T, f), (B, h, T, keys) */
     size_t scratch;             /* doubles of scratch, see seq_buffers */
 } tb_sizes;
 
 /* Number of (T, d_model) arrays in seq_buffers. */
 #define N_SEQ_TD 11
 
-/* Fill s for a checked config and B sequences of T tokens. */
-static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, tb_sizes *s)
+/* Fill s for a checked config, B sequences of T tokens and past tokens before them. */
+static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, size_t past, tb_sizes *s)
 {
     size_t extra;
     if (B < 1 || T < 1)
@@ -144,18 +155,38 @@ static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, tb_size
         !dim_size(cfg->n_heads, &s->h) || !dim_size(cfg->d_ff, &s->f))
         return TB_ERR_OVERFLOW;
     s->dk = s->d / s->h;
-    if (!mul_size(s->d, s->d, &s->dd) || !mul_size(s->d, s->f, &s->df) ||
+    s->past = past;
+    if (!add_size(past, s->T, &s->keys) ||
+        !mul_size(s->d, s->d, &s->dd) || !mul_size(s->d, s->f, &s->df) ||
         !mul_size(s->T, s->d, &s->Td) || !mul_size(s->T, s->f, &s->Tf) ||
-        !mul_size(s->T, s->T, &s->TT) || !mul_size(s->h, s->TT, &s->hTT) ||
+        !mul_size(s->T, s->keys, &s->TK) || !mul_size(s->h, s->TK, &s->hTK) ||
         !mul_size(s->B, s->Td, &s->BTd) || !mul_size(s->B, s->Tf, &s->BTf) ||
-        !mul_size(s->B, s->hTT, &s->BhTT))
+        !mul_size(s->B, s->hTK, &s->BhTK))
         return TB_ERR_OVERFLOW;
-    /* scratch = N_SEQ_TD (T, d) arrays + S (T, T) + A (h, T, T) + F_pre, F_post (T, f) */
+    /* scratch = N_SEQ_TD (T, d) arrays + S (T, keys) + A (h, T, keys) + F_pre, F_post (T, f) */
     if (!mul_size(N_SEQ_TD, s->Td, &s->scratch) ||
-        !add_size(s->scratch, s->TT, &s->scratch) ||
-        !add_size(s->scratch, s->hTT, &s->scratch) ||
+        !add_size(s->scratch, s->TK, &s->scratch) ||
+        !add_size(s->scratch, s->hTK, &s->scratch) ||
         !mul_size(2, s->Tf, &extra) ||
         !add_size(s->scratch, extra, &s->scratch))
+        return TB_ERR_OVERFLOW;
+    return TB_OK;
+}
+
+/* Sizes of a cached call: B sequences of T_new new tokens after past cached ones, in
+ * caches of max_T tokens; *cache = doubles of each cache, (B, n_heads, max_T, d_k). */
+static tb_status cached_sizes(const tb_config *cfg, int64_t B, int64_t T_new, int64_t past, int64_t max_T,
+                              tb_sizes *s, size_t *cache)
+{
+    size_t max_t;
+    if (B < 1 || T_new < 1 || max_T < 1)
+        return TB_ERR_DIM;
+    if (past < 0 || past > max_T - T_new)   /* max_T, T_new >= 1: the difference cannot overflow */
+        return TB_ERR_CACHE_RANGE;
+    if (!dim_size(max_T, &max_t))
+        return TB_ERR_OVERFLOW;
+    TRY(block_sizes(cfg, B, T_new, (size_t)past, s));   /* 0 <= past < max_T <= TB_MAX_DOUBLES */
+    if (!mul_size(s->B, max_t, cache) || !mul_size(*cache, s->d, cache))
         return TB_ERR_OVERFLOW;
     return TB_OK;
 }
@@ -238,6 +269,15 @@ static tb_status check_ln_weights(const tb_config *cfg, const tb_weights *w, con
     return TB_OK;
 }
 
+/* Every weight of the block: the attention's, the FFN's and the LayerNorms'. */
+static tb_status check_block_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
+{
+    TRY(check_attention_weights(cfg, w, s));
+    TRY(check_ffn_weights(cfg, w, s));
+    TRY(check_ln_weights(cfg, w, s));
+    return TB_OK;
+}
+
 /* One array of a trace: given, and at least `shape` doubles long. */
 static tb_status need_trace(const double *p, size_t len, size_t shape)
 {
@@ -254,7 +294,7 @@ static tb_status check_trace(const tb_trace *t, const tb_sizes *s)
     TRY(need_trace(t->Q, t->Q_len, s->BTd));
     TRY(need_trace(t->K, t->K_len, s->BTd));
     TRY(need_trace(t->V, t->V_len, s->BTd));
-    TRY(need_trace(t->A, t->A_len, s->BhTT));
+    TRY(need_trace(t->A, t->A_len, s->BhTK));
     TRY(need_trace(t->out_concat, t->out_concat_len, s->BTd));
     TRY(need_trace(t->A_out, t->A_out_len, s->BTd));
     TRY(need_trace(t->H_mid, t->H_mid_len, s->BTd));
@@ -297,6 +337,49 @@ static int any_overlap(const span *spans, size_t count)
         }
     }
     return 0;
+}
+
+/* Spans of all 16 weights (an absent one is NULL and overlaps nothing), read-only. */
+#define N_WEIGHT_SPANS 16
+static size_t add_weight_spans(span *spans, size_t n, const tb_weights *w, const tb_sizes *s)
+{
+    spans[n++] = span_of(w->w_q, s->dd, 0);
+    spans[n++] = span_of(w->w_k, s->dd, 0);
+    spans[n++] = span_of(w->w_v, s->dd, 0);
+    spans[n++] = span_of(w->w_o, s->dd, 0);
+    spans[n++] = span_of(w->w_ff1, s->df, 0);
+    spans[n++] = span_of(w->w_ff2, s->df, 0);
+    spans[n++] = span_of(w->b_ff1, s->f, 0);
+    spans[n++] = span_of(w->b_ff2, s->d, 0);
+    spans[n++] = span_of(w->ln1_gamma, s->d, 0);
+    spans[n++] = span_of(w->ln1_beta, s->d, 0);
+    spans[n++] = span_of(w->ln2_gamma, s->d, 0);
+    spans[n++] = span_of(w->ln2_beta, s->d, 0);
+    spans[n++] = span_of(w->b_q, s->d, 0);
+    spans[n++] = span_of(w->b_k, s->d, 0);
+    spans[n++] = span_of(w->b_v, s->d, 0);
+    spans[n++] = span_of(w->b_o, s->d, 0);
+    return n;
+}
+
+/* Spans of the 13 trace arrays, all written. */
+#define N_TRACE_SPANS 13
+static size_t add_trace_spans(span *spans, size_t n, const tb_trace *t, const tb_sizes *s)
+{
+    spans[n++] = span_of(t->H_norm1, s->BTd, 1);
+    spans[n++] = span_of(t->Q, s->BTd, 1);
+    spans[n++] = span_of(t->K, s->BTd, 1);
+    spans[n++] = span_of(t->V, s->BTd, 1);
+    spans[n++] = span_of(t->A, s->BhTK, 1);
+    spans[n++] = span_of(t->out_concat, s->BTd, 1);
+    spans[n++] = span_of(t->A_out, s->BTd, 1);
+    spans[n++] = span_of(t->H_mid, s->BTd, 1);
+    spans[n++] = span_of(t->H_norm2, s->BTd, 1);
+    spans[n++] = span_of(t->F_pre, s->BTf, 1);
+    spans[n++] = span_of(t->F_post, s->BTf, 1);
+    spans[n++] = span_of(t->F_out, s->BTd, 1);
+    spans[n++] = span_of(t->H_out, s->BTd, 1);
+    return n;
 }
 
 /* ======================================================================
@@ -366,23 +449,26 @@ static void layernorm_rows(double *out, const double *X, size_t rows, size_t col
     }
 }
 
-/* Query row t may look at key column i: always, or only i <= t when causal. */
-static int key_allowed(int causal, size_t t, size_t i) { return !causal || i <= t; }
+/* Query row t, token first + t of its sequence, may look at key column i: always, or
+ * only i <= first + t when causal. */
+static int key_allowed(int causal, size_t first, size_t t, size_t i) { return !causal || i <= first + t; }
 
-/* out (rows, cols) = softmax over the allowed entries of each row of S,
- * the row's max subtracted first; masked entries are exactly 0.
- * Column 0 is always allowed, so every row has a positive sum. */
-static void masked_softmax_rows(double *out, const double *S, size_t rows, size_t cols, int causal)
+/* out (rows, cols) = softmax over the allowed entries of each row of S, the row's max
+ * subtracted first; masked entries are exactly 0. Row t is token first + t (first = 0
+ * unless earlier tokens sit in a cache). Column 0 is always allowed, so every row has a
+ * positive sum. */
+static void masked_softmax_rows(double *out, const double *S, size_t rows, size_t cols, size_t first,
+                                int causal)
 {
     for (size_t t = 0; t < rows; t++) {
         const double *s = S + t * cols;
         double *a = out + t * cols;
         double max = s[0], sum = 0.0;
         for (size_t i = 1; i < cols; i++)
-            if (key_allowed(causal, t, i) && s[i] > max)
+            if (key_allowed(causal, first, t, i) && s[i] > max)
                 max = s[i];
         for (size_t i = 0; i < cols; i++) {
-            a[i] = key_allowed(causal, t, i) ? exp(s[i] - max) : 0.0;
+            a[i] = key_allowed(causal, first, t, i) ? exp(s[i] - max) : 0.0;
             sum += a[i];
         }
         for (size_t i = 0; i < cols; i++)
@@ -390,28 +476,40 @@ static void masked_softmax_rows(double *out, const double *S, size_t rows, size_
     }
 }
 
-/* Head `head` of MHA on Q, K, V (T, d): S = Q_h K_h^T / sqrt(d_k), A_h = masked
- * softmax of S, columns c0 .. c0+d_k-1 of out_concat = A_h V_h, c0 = head * d_k. */
-static void attention_head(double *out_concat, double *A_h, double *S,
-                           const double *Q, const double *K, const double *V,
+/* Where attention reads one sequence's keys and values: head h's key i is the d_k
+ * doubles at K + h * head_step + i * row_step, its value the same place in V. The
+ * block's own projections (T, d) are head_step = d_k, row_step = d; a cache
+ * (h, max_T, d_k) is head_step = max_T * d_k, row_step = d_k. */
+typedef struct {
+    const double *K, *V;
+    size_t head_step, row_step;
+    size_t keys;      /* keys 0 .. keys-1 exist */
+    size_t first;     /* query row t is token first + t: with causal it sees keys 0 .. first + t */
+} kv_view;
+
+/* Head `head` of MHA for the T query rows of Q (T, d) over the keys and values of kv:
+ * S (T, keys) = Q_h K_h^T / sqrt(d_k), A_h (T, keys) = masked softmax of S,
+ * columns c0 .. c0+d_k-1 of out_concat (T, d) = A_h V_h, c0 = head * d_k. */
+static void attention_head(double *out_concat, double *A_h, double *S, const double *Q, const kv_view *kv,
                            size_t T, size_t d, size_t d_k, size_t head, int causal)
 {
-    const size_t c0 = head * d_k;
+    const size_t c0 = head * d_k, keys = kv->keys;
+    const double *K = kv->K + head * kv->head_step, *V = kv->V + head * kv->head_step;
     const double scale = 1.0 / sqrt((double)d_k);
     for (size_t t = 0; t < T; t++) {
-        for (size_t i = 0; i < T; i++) {
+        for (size_t i = 0; i < keys; i++) {
             double dot = 0.0;
             for (size_t c = 0; c < d_k; c++)
-                dot += Q[t * d + c0 + c] * K[i * d + c0 + c];
-            S[t * T + i] = dot * scale;
+                dot += Q[t * d + c0 + c] * K[i * kv->row_step + c];
+            S[t * keys + i] = dot * scale;
         }
     }
-    masked_softmax_rows(A_h, S, T, T, causal);
+    masked_softmax_rows(A_h, S, T, keys, kv->first, causal);
     for (size_t t = 0; t < T; t++) {
         for (size_t c = 0; c < d_k; c++) {
             double acc = 0.0;
-            for (size_t i = 0; i < T; i++)
-                acc += A_h[t * T + i] * V[i * d + c0 + c];
+            for (size_t i = 0; i < keys; i++)
+                acc += A_h[t * keys + i] * V[i * kv->row_step + c];
             out_concat[t * d + c0 + c] = acc;
         }
     }
@@ -448,8 +546,8 @@ static void ffn(double *F_out, double *F_pre, double *F_post, const double *X,
 typedef struct {
     /* N_SEQ_TD arrays of (T, d) */
     double *H_norm1, *Q, *K, *V, *out_concat, *A_out, *resid, *H_mid, *H_norm2, *F_out, *H_out;
-    double *S;                  /* (T, T) one head's scores */
-    double *A;                  /* (h, T, T) every head's probabilities */
+    double *S;                  /* (T, keys) one head's scores */
+    double *A;                  /* (h, T, keys) every head's probabilities */
     double *F_pre, *F_post;     /* (T, f) */
 } seq_buffers;
 
@@ -477,17 +575,59 @@ static seq_buffers carve_scratch(double *data, const tb_sizes *s)
     b.H_norm2 = take(&next, s->Td);
     b.F_out = take(&next, s->Td);
     b.H_out = take(&next, s->Td);   /* N_SEQ_TD = 11 so far */
-    b.S = take(&next, s->TT);
-    b.A = take(&next, s->hTT);
+    b.S = take(&next, s->TK);
+    b.A = take(&next, s->hTK);
     b.F_pre = take(&next, s->Tf);
     b.F_post = take(&next, s->Tf);
     return b;
 }
 
-/* MHA(X) for X (T, d): fills Q, K, V, S, A, out_concat and A_out of b. */
-static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
-                const tb_sizes *s)
+/* One sequence's slice of the key and value caches, (h, max_T, d_k) each. */
+typedef struct {
+    double *K, *V;
+    size_t max_T;
+} seq_cache;
+
+/* Copy the T new rows' keys and values (b's K and V, (T, d)) into the cache at positions
+ * past .. past+T-1: head h's d_k columns of a row go to row past+t of its (max_T, d_k) block. */
+static void append_kv(const seq_cache *c, const seq_buffers *b, const tb_sizes *s)
 {
+    for (size_t h = 0; h < s->h; h++) {
+        for (size_t t = 0; t < s->T; t++) {
+            const size_t to = (h * c->max_T + s->past + t) * s->dk, from = t * s->d + h * s->dk;
+            copy(c->K + to, b->K + from, s->dk);
+            copy(c->V + to, b->V + from, s->dk);
+        }
+    }
+}
+
+/* What attention reads: the cache (past + T keys), or without one (c NULL, the full
+ * forward) the T rows' own projections in b. */
+static kv_view keys_and_values(const seq_cache *c, const seq_buffers *b, const tb_sizes *s)
+{
+    kv_view kv;
+    if (c != NULL) {
+        kv.K = c->K;
+        kv.V = c->V;
+        kv.head_step = c->max_T * s->dk;
+        kv.row_step = s->dk;
+    } else {
+        kv.K = b->K;
+        kv.V = b->V;
+        kv.head_step = s->dk;
+        kv.row_step = s->d;
+    }
+    kv.keys = s->keys;    /* past + T; T without a cache (past = 0) */
+    kv.first = s->past;
+    return kv;
+}
+
+/* MHA(X) for X (T, d): fills Q, K, V, S, A, out_concat and A_out of b. With a cache c,
+ * the rows' keys and values are appended to it and attention runs over all it holds. */
+static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
+                const tb_sizes *s, const seq_cache *c)
+{
+    kv_view kv;
     matmul(b->Q, X, w->w_q, s->T, s->d, s->d);
     matmul(b->K, X, w->w_k, s->T, s->d, s->d);
     matmul(b->V, X, w->w_v, s->T, s->d, s->d);
@@ -496,9 +636,11 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
         add_row_bias(b->K, w->b_k, s->T, s->d);
         add_row_bias(b->V, w->b_v, s->T, s->d);
     }
+    if (c != NULL)
+        append_kv(c, b, s);     /* first: the new rows attend to each other too */
+    kv = keys_and_values(c, b, s);
     for (size_t h = 0; h < s->h; h++)
-        attention_head(b->out_concat, b->A + h * s->TT, b->S, b->Q, b->K, b->V,
-                       s->T, s->d, s->dk, h, cfg->causal);
+        attention_head(b->out_concat, b->A + h * s->TK, b->S, b->Q, &kv, s->T, s->d, s->dk, h, cfg->causal);
     matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d);
     if (cfg->has_attn_bias)
         add_row_bias(b->A_out, w->b_o, s->T, s->d);
@@ -512,15 +654,17 @@ static void block_ffn(const seq_buffers *b, const double *X, const tb_config *cf
         w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation);
 }
 
-/* One sequence H_in (T, d) through the block; every intermediate, H_out included, lands in b. */
+/* One sequence H_in (T, d) through the block; every intermediate, H_out included, lands in b.
+ * c: its caches, to which the rows' keys and values are appended (NULL for the full forward);
+ * the two paths differ only in where attention reads its keys and values (keys_and_values). */
 static void block_forward_one(const seq_buffers *b, const double *H_in, const tb_config *cfg,
-                              const tb_weights *w, const tb_sizes *s)
+                              const tb_weights *w, const tb_sizes *s, const seq_cache *c)
 {
     const size_t n = s->Td;
     if (cfg->norm == TB_NORM_PRE) {
         /* H_mid = H_in + MHA(LN1(H_in)) */
         layernorm_rows(b->H_norm1, H_in, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
-        mha(b, b->H_norm1, cfg, w, s);
+        mha(b, b->H_norm1, cfg, w, s, c);
         add(b->H_mid, H_in, b->A_out, n);
         /* H_out = H_mid + FFN(LN2(H_mid)) */
         layernorm_rows(b->H_norm2, b->H_mid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg->eps);
@@ -528,7 +672,7 @@ static void block_forward_one(const seq_buffers *b, const double *H_in, const tb
         add(b->H_out, b->H_mid, b->F_out, n);
     } else {
         /* H_mid = LN1(H_in + MHA(H_in)); the LN output is the stream: H_norm1 = H_mid */
-        mha(b, H_in, cfg, w, s);
+        mha(b, H_in, cfg, w, s, c);
         add(b->resid, H_in, b->A_out, n);
         layernorm_rows(b->H_mid, b->resid, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
         copy(b->H_norm1, b->H_mid, n);
@@ -543,12 +687,12 @@ static void block_forward_one(const seq_buffers *b, const double *H_in, const tb
 /* Copy sequence `seq`'s intermediates from b into its slices of the trace. */
 static void write_trace(const tb_trace *t, const seq_buffers *b, size_t seq, const tb_sizes *s)
 {
-    const size_t od = seq * s->Td, of = seq * s->Tf, oa = seq * s->hTT;
+    const size_t od = seq * s->Td, of = seq * s->Tf, oa = seq * s->hTK;
     copy(t->H_norm1 + od, b->H_norm1, s->Td);
     copy(t->Q + od, b->Q, s->Td);
     copy(t->K + od, b->K, s->Td);
     copy(t->V + od, b->V, s->Td);
-    copy(t->A + oa, b->A, s->hTT);
+    copy(t->A + oa, b->A, s->hTK);
     copy(t->out_concat + od, b->out_concat, s->Td);
     copy(t->A_out + od, b->A_out, s->Td);
     copy(t->H_mid + od, b->H_mid, s->Td);
@@ -571,7 +715,7 @@ tb_status tb_scratch_len(const tb_config *cfg, int64_t T, size_t *len)
     if (cfg == NULL || len == NULL)
         return TB_ERR_NULL_ARG;
     TRY(check_config(cfg));
-    TRY(block_sizes(cfg, 1, T, &s));
+    TRY(block_sizes(cfg, 1, T, 0, &s));
     *len = s.scratch;
     return TB_OK;
 }
@@ -631,7 +775,7 @@ tb_status tb_masked_softmax_rows(double *out, size_t out_len,
         if (any_overlap(spans, 2))
             return TB_ERR_OVERLAP;
     }
-    masked_softmax_rows(out, S, r, c, causal);
+    masked_softmax_rows(out, S, r, c, 0, causal);
     return TB_OK;
 }
 
@@ -652,20 +796,23 @@ tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
         return TB_ERR_DIM;
     if (head < 0 || head >= cfg->n_heads)
         return TB_ERR_HEAD_INDEX;
-    TRY(block_sizes(cfg, 1, T, &s));
+    TRY(block_sizes(cfg, 1, T, 0, &s));
     if (Q_len < s.Td || K_len < s.Td || V_len < s.Td)
         return TB_ERR_INPUT_SIZE;
-    if (out_concat_len < s.Td || A_h_len < s.TT)
+    if (out_concat_len < s.Td || A_h_len < s.TK)
         return TB_ERR_OUTPUT_SIZE;
-    if (S_len < s.TT)
+    if (S_len < s.TK)
         return TB_ERR_SCRATCH_SIZE;
     {
-        const span spans[] = {span_of(out_concat, s.Td, 1), span_of(A_h, s.TT, 1), span_of(S, s.TT, 1),
+        const span spans[] = {span_of(out_concat, s.Td, 1), span_of(A_h, s.TK, 1), span_of(S, s.TK, 1),
                               span_of(Q, s.Td, 0), span_of(K, s.Td, 0), span_of(V, s.Td, 0)};
         if (any_overlap(spans, sizeof spans / sizeof spans[0]))
             return TB_ERR_OVERLAP;
     }
-    attention_head(out_concat, A_h, S, Q, K, V, s.T, s.d, s.dk, (size_t)head, cfg->causal);
+    {
+        const kv_view kv = {K, V, s.dk, s.d, s.T, 0};    /* (T, d) rows, as in the block */
+        attention_head(out_concat, A_h, S, Q, &kv, s.T, s.d, s.dk, (size_t)head, cfg->causal);
+    }
     return TB_OK;
 }
 
@@ -679,7 +826,7 @@ tb_status tb_ffn(double *F_out, size_t F_out_len,
     if (F_out == NULL || F_pre == NULL || F_post == NULL || X == NULL || cfg == NULL || w == NULL)
         return TB_ERR_NULL_ARG;
     TRY(check_config(cfg));
-    TRY(block_sizes(cfg, 1, T, &s));
+    TRY(block_sizes(cfg, 1, T, 0, &s));
     if (X_len < s.Td)
         return TB_ERR_INPUT_SIZE;
     if (F_out_len < s.Td || F_pre_len < s.Tf || F_post_len < s.Tf)
@@ -706,36 +853,26 @@ tb_status tb_block_forward(double *out, size_t out_len,
     if (out == NULL || in == NULL || cfg == NULL || w == NULL || scratch == NULL || scratch->data == NULL)
         return TB_ERR_NULL_ARG;
     TRY(check_config(cfg));
-    TRY(block_sizes(cfg, B, T, &s));
+    TRY(block_sizes(cfg, B, T, 0, &s));
     if (in_len < s.BTd)
         return TB_ERR_INPUT_SIZE;
     if (out_len < s.BTd)
         return TB_ERR_OUTPUT_SIZE;
-    TRY(check_attention_weights(cfg, w, &s));
-    TRY(check_ffn_weights(cfg, w, &s));
-    TRY(check_ln_weights(cfg, w, &s));
+    TRY(check_block_weights(cfg, w, &s));
     if (scratch->len < s.scratch)
         return TB_ERR_SCRATCH_SIZE;
     if (trace != NULL)
         TRY(check_trace(trace, &s));
     {
-        const tb_trace none = {0};
-        const tb_trace *t = trace != NULL ? trace : &none;   /* all NULL: no spans */
-        const span spans[] = {
-            span_of(out, s.BTd, 1), span_of(in, s.BTd, 0), span_of(scratch->data, s.scratch, 1),
-            span_of(w->w_q, s.dd, 0), span_of(w->w_k, s.dd, 0), span_of(w->w_v, s.dd, 0),
-            span_of(w->w_o, s.dd, 0), span_of(w->w_ff1, s.df, 0), span_of(w->w_ff2, s.df, 0),
-            span_of(w->b_ff1, s.f, 0), span_of(w->b_ff2, s.d, 0),
-            span_of(w->ln1_gamma, s.d, 0), span_of(w->ln1_beta, s.d, 0),
-            span_of(w->ln2_gamma, s.d, 0), span_of(w->ln2_beta, s.d, 0),
-            span_of(w->b_q, s.d, 0), span_of(w->b_k, s.d, 0), span_of(w->b_v, s.d, 0),
-            span_of(w->b_o, s.d, 0),
-            span_of(t->H_norm1, s.BTd, 1), span_of(t->Q, s.BTd, 1), span_of(t->K, s.BTd, 1),
-            span_of(t->V, s.BTd, 1), span_of(t->A, s.BhTT, 1), span_of(t->out_concat, s.BTd, 1),
-            span_of(t->A_out, s.BTd, 1), span_of(t->H_mid, s.BTd, 1), span_of(t->H_norm2, s.BTd, 1),
-            span_of(t->F_pre, s.BTf, 1), span_of(t->F_post, s.BTf, 1), span_of(t->F_out, s.BTd, 1),
-            span_of(t->H_out, s.BTd, 1)};
-        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+        span spans[3 + N_WEIGHT_SPANS + N_TRACE_SPANS];
+        size_t n = 0;
+        spans[n++] = span_of(out, s.BTd, 1);
+        spans[n++] = span_of(in, s.BTd, 0);
+        spans[n++] = span_of(scratch->data, s.scratch, 1);
+        n = add_weight_spans(spans, n, w, &s);
+        if (trace != NULL)
+            n = add_trace_spans(spans, n, trace, &s);
+        if (any_overlap(spans, n))
             return TB_ERR_OVERLAP;
     }
 
@@ -743,10 +880,83 @@ tb_status tb_block_forward(double *out, size_t out_len,
     {
         const seq_buffers b = carve_scratch(scratch->data, &s);
         for (size_t seq = 0; seq < s.B; seq++) {
-            block_forward_one(&b, in + seq * s.Td, cfg, w, &s);
+            block_forward_one(&b, in + seq * s.Td, cfg, w, &s, NULL);
             copy(out + seq * s.Td, b.H_out, s.Td);
             if (trace != NULL)
                 write_trace(trace, &b, seq, &s);
+        }
+    }
+    return TB_OK;
+}
+
+tb_status tb_scratch_len_cached(const tb_config *cfg, int64_t T_new, int64_t past, size_t *len)
+{
+    tb_sizes s;
+    if (cfg == NULL || len == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    if (!cfg->causal)
+        return TB_ERR_NOT_CAUSAL;
+    if (T_new < 1)
+        return TB_ERR_DIM;
+    if (past < 0)
+        return TB_ERR_CACHE_RANGE;
+    if ((uint64_t)past > (uint64_t)TB_MAX_DOUBLES)
+        return TB_ERR_OVERFLOW;
+    TRY(block_sizes(cfg, 1, T_new, (size_t)past, &s));
+    *len = s.scratch;
+    return TB_OK;
+}
+
+tb_status tb_block_forward_cached(double *out, size_t out_len,
+                                  const double *in, size_t in_len,
+                                  int64_t B, int64_t T_new, int64_t past, int64_t max_T,
+                                  double *K_cache, size_t K_cache_len,
+                                  double *V_cache, size_t V_cache_len,
+                                  const tb_config *cfg, const tb_weights *w,
+                                  const tb_scratch *scratch)
+{
+    tb_sizes s;
+    size_t cache_len;   /* (B, n_heads, max_T, d_k) */
+    if (out == NULL || in == NULL || K_cache == NULL || V_cache == NULL || cfg == NULL || w == NULL ||
+        scratch == NULL || scratch->data == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    if (!cfg->causal)
+        return TB_ERR_NOT_CAUSAL;
+    TRY(cached_sizes(cfg, B, T_new, past, max_T, &s, &cache_len));
+    if (in_len < s.BTd)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < s.BTd)
+        return TB_ERR_OUTPUT_SIZE;
+    if (K_cache_len < cache_len || V_cache_len < cache_len)
+        return TB_ERR_CACHE_SIZE;
+    TRY(check_block_weights(cfg, w, &s));
+    if (scratch->len < s.scratch)
+        return TB_ERR_SCRATCH_SIZE;
+    {
+        /* the caches are written only at rows past .. past+T_new-1, but read up to there and
+         * strided by head: their whole extent counts, which keeps the check simple */
+        span spans[5 + N_WEIGHT_SPANS];
+        size_t n = 0;
+        spans[n++] = span_of(out, s.BTd, 1);
+        spans[n++] = span_of(in, s.BTd, 0);
+        spans[n++] = span_of(K_cache, cache_len, 1);
+        spans[n++] = span_of(V_cache, cache_len, 1);
+        spans[n++] = span_of(scratch->data, s.scratch, 1);
+        n = add_weight_spans(spans, n, w, &s);
+        if (any_overlap(spans, n))
+            return TB_ERR_OVERLAP;
+    }
+
+    /* every check passed: from here on nothing can fail */
+    {
+        const seq_buffers b = carve_scratch(scratch->data, &s);
+        const size_t per_seq = cache_len / s.B;     /* (n_heads, max_T, d_k) */
+        for (size_t seq = 0; seq < s.B; seq++) {
+            const seq_cache c = {K_cache + seq * per_seq, V_cache + seq * per_seq, (size_t)max_T};
+            block_forward_one(&b, in + seq * s.Td, cfg, w, &s, &c);
+            copy(out + seq * s.Td, b.H_out, s.Td);
         }
     }
     return TB_OK;

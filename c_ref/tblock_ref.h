@@ -62,6 +62,9 @@ typedef enum {
     TB_ERR_SCRATCH_SIZE,      /* the scratch buffer is shorter than tb_scratch_len says */
     TB_ERR_TRACE_SIZE,        /* a trace buffer is shorter than its shape */
     TB_ERR_OVERLAP,           /* an output buffer overlaps another buffer of the call */
+    TB_ERR_NOT_CAUSAL,        /* a KV-cache call on a config with causal = 0 */
+    TB_ERR_CACHE_RANGE,       /* past < 0, or past + T_new > max_T: the new rows do not fit in the cache */
+    TB_ERR_CACHE_SIZE,        /* a key or value cache is shorter than (B, n_heads, max_T, d_k) */
     TB_STATUS_COUNT           /* number of codes; not a code */
 } tb_status;
 
@@ -112,8 +115,8 @@ typedef struct {
     const double *b_o;       size_t b_o_len;        /* (d_model,) or NULL without has_attn_bias */
 } tb_weights;
 
-/* Working memory for tb_block_forward, allocated by the caller:
- * len >= what tb_scratch_len returns for the config and T. */
+/* Working memory for tb_block_forward (tb_block_forward_cached), allocated by the
+ * caller: len >= what tb_scratch_len (tb_scratch_len_cached) returns. */
 typedef struct {
     double *data;
     size_t  len;
@@ -192,6 +195,30 @@ tb_status tb_block_forward(double *out, size_t out_len,
                            int64_t B, int64_t T,
                            const tb_config *cfg, const tb_weights *w,
                            const tb_scratch *scratch, const tb_trace *trace);
+
+/* *len = doubles of scratch tb_block_forward_cached needs for T_new new tokens after
+ * past cached ones (T_new >= 1, past >= 0; cfg must be causal). With past = 0 it is
+ * what tb_scratch_len gives for T = T_new. */
+tb_status tb_scratch_len_cached(const tb_config *cfg, int64_t T_new, int64_t past, size_t *len);
+
+/* The block with a key/value cache, for incremental decoding (causal configs only).
+ *
+ * in (B, T_new, d_model) holds tokens past .. past+T_new-1 of B sequences whose first
+ * past tokens' keys and values are in the caches. K_cache and V_cache are
+ * (B, n_heads, max_T, d_k) each: the key of token i, head h, sequence b is the d_k
+ * doubles at K_cache + ((b * n_heads + h) * max_T + i) * d_k, the value likewise.
+ * The call writes the new tokens' keys and values at positions past .. past+T_new-1
+ * (nothing else of the caches), and out (B, T_new, d_model) gets the rows that
+ * tb_block_forward on the whole sequence of past + T_new tokens gives for them: new
+ * token i attends to keys 0 .. past+i. The caches count as outputs for the overlap
+ * check, each over its whole (B, n_heads, max_T, d_k) extent. */
+tb_status tb_block_forward_cached(double *out, size_t out_len,
+                                  const double *in, size_t in_len,
+                                  int64_t B, int64_t T_new, int64_t past, int64_t max_T,
+                                  double *K_cache, size_t K_cache_len,
+                                  double *V_cache, size_t V_cache_len,
+                                  const tb_config *cfg, const tb_weights *w,
+                                  const tb_scratch *scratch);
 
 /* ---- cffi-cdef-end ---- */
 

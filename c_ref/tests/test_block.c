@@ -904,6 +904,348 @@ static void test_scratch_len(void)
     CHECK(n == 12345);
 }
 
+/* ---- tb_block_forward_cached ---- */
+
+/* Key and value caches for a fixture's B sequences, (B, n_heads, max_T, d_k) each,
+ * malloc'ed at exactly that length. */
+typedef struct {
+    int64_t max_T;
+    size_t len;
+    double *K, *V;
+} caches;
+
+static caches caches_alloc(const fixture *fx, int64_t max_T, double value)
+{
+    caches c;
+    c.max_T = max_T;
+    c.len = (size_t)fx->B * (size_t)max_T * (size_t)fx->cfg.d_model;
+    c.K = alloc_doubles(c.len);
+    c.V = alloc_doubles(c.len);
+    fill(c.K, c.len, value);
+    fill(c.V, c.len, value);
+    return c;
+}
+
+static void caches_free(caches *c)
+{
+    free(c->K);
+    free(c->V);
+}
+
+/* Offset of token t, head h, sequence b in a cache (B, n_heads, max_T, d_k). */
+static size_t cache_at(const fixture *fx, const caches *c, size_t b, size_t h, size_t t)
+{
+    const size_t n_heads = (size_t)fx->cfg.n_heads, dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads);
+    return ((b * n_heads + h) * (size_t)c->max_T + t) * dk;
+}
+
+/* 1 when the cache rows of tokens from .. max_T-1 are all NaN (never written) in both caches. */
+static int cache_rows_nan(const fixture *fx, const caches *c, size_t from)
+{
+    const size_t dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads);
+    for (size_t b = 0; b < (size_t)fx->B; b++)
+        for (size_t h = 0; h < (size_t)fx->cfg.n_heads; h++)
+            for (size_t t = from; t < (size_t)c->max_T; t++)
+                for (size_t i = 0; i < dk; i++)
+                    if (!isnan(c->K[cache_at(fx, c, b, h, t) + i]) || !isnan(c->V[cache_at(fx, c, b, h, t) + i]))
+                        return 0;
+    return 1;
+}
+
+/* 1 when cache rows 0 .. T-1 hold the full forward's K and V (fx's trace), head h's
+ * d_k columns of row t at token t of its (max_T, d_k) block. */
+static int cache_holds_trace(const fixture *fx, const caches *c)
+{
+    const size_t d = (size_t)fx->cfg.d_model, dk = d / (size_t)fx->cfg.n_heads, T = (size_t)fx->T;
+    for (size_t b = 0; b < (size_t)fx->B; b++)
+        for (size_t h = 0; h < (size_t)fx->cfg.n_heads; h++)
+            for (size_t t = 0; t < T; t++)
+                for (size_t i = 0; i < dk; i++) {
+                    const size_t row = (b * T + t) * d + h * dk + i;
+                    if (c->K[cache_at(fx, c, b, h, t) + i] != fx->trace.K[row] ||
+                        c->V[cache_at(fx, c, b, h, t) + i] != fx->trace.V[row])
+                        return 0;
+                }
+    return 1;
+}
+
+/* Tokens past .. past+T_new-1 of fx's B sequences through tb_block_forward_cached into
+ * out (B, T_new, d_model); input and scratch malloc'ed at exactly their lengths, the
+ * scratch NaN so a value read before written would show. */
+static tb_status run_chunk(const fixture *fx, const caches *c, int64_t past, int64_t T_new, double *out)
+{
+    const size_t d = (size_t)fx->cfg.d_model, rows = (size_t)T_new, n = (size_t)fx->B * rows * d;
+    double *in = alloc_doubles(n);
+    tb_scratch scratch;
+    tb_status status;
+    for (size_t b = 0; b < (size_t)fx->B; b++)
+        memcpy(in + b * rows * d, fx->in + (b * (size_t)fx->T + (size_t)past) * d, rows * d * sizeof(double));
+    CHECK_STATUS(tb_scratch_len_cached(&fx->cfg, T_new, past, &scratch.len), TB_OK);
+    scratch.data = alloc_doubles(scratch.len);
+    fill(scratch.data, scratch.len, NAN);
+    status = tb_block_forward_cached(out, n, in, n, fx->B, T_new, past, c->max_T, c->K, c->len, c->V, c->len,
+                                     &fx->cfg, &fx->w, &scratch);
+    free(in);
+    free(scratch.data);
+    return status;
+}
+
+/* Fed in chunks through the caches, the sequences give the very doubles of the full
+ * forward, and the caches end up holding its K and V. Rows past the chunk are NaN: a
+ * read of one would turn the output NaN. */
+static void test_cached_matches_full(int norm, int activation, int bias, int affine, int attn_bias)
+{
+    static const int64_t schedules[][8] = {{7}, {1, 1, 1, 1, 1, 1, 1}, {3, 1, 2, 1}, {2, 5}, {6, 1}};
+    const int64_t B = 2, T = 7, slack = 2;
+    tb_config cfg = small_config(6, 3, 10, 1);
+    fixture fx;
+    cfg.norm = norm;
+    cfg.activation = activation;
+    cfg.has_ffn_bias = bias;
+    cfg.has_ln_affine = affine;
+    cfg.has_attn_bias = attn_bias;
+    fixture_init(&fx, cfg, B, T, 99);
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);    /* the full forward and its K, V */
+
+    for (size_t k = 0; k < sizeof schedules / sizeof schedules[0]; k++) {
+        caches c = caches_alloc(&fx, T + slack, NAN);
+        int64_t past = 0;
+        for (const int64_t *chunk = schedules[k]; past < T; chunk++) {
+            const size_t d = (size_t)cfg.d_model, rows = (size_t)*chunk;
+            double *out = alloc_doubles((size_t)B * rows * d);
+            CHECK_STATUS(run_chunk(&fx, &c, past, *chunk, out), TB_OK);
+            for (size_t b = 0; b < (size_t)B; b++)
+                CHECK(memcmp(out + b * rows * d, fx.out + (b * (size_t)T + (size_t)past) * d,
+                             rows * d * sizeof(double)) == 0);
+            past += *chunk;
+            CHECK(cache_rows_nan(&fx, &c, (size_t)past));
+            free(out);
+        }
+        CHECK(cache_holds_trace(&fx, &c));
+        caches_free(&c);
+    }
+    fixture_free(&fx);
+}
+
+static void test_scratch_len_cached(void)
+{
+    tb_config cfg = small_config(6, 3, 10, 1);
+    size_t n = 12345, full = 0;
+    /* 11 (T_new, d) arrays + S (T_new, keys) + A (h, T_new, keys) + F_pre, F_post (T_new, f), keys = past + T_new */
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, 3, &n), TB_OK);
+    CHECK(n == 11 * 2 * 6 + 2 * 5 + 3 * 2 * 5 + 2 * 2 * 10);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 5, 0, &n), TB_OK);
+    CHECK_STATUS(tb_scratch_len(&cfg, 5, &full), TB_OK);
+    CHECK(n == full);
+    n = 12345;
+    CHECK_STATUS(tb_scratch_len_cached(NULL, 2, 3, &n), TB_ERR_NULL_ARG);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, 3, NULL), TB_ERR_NULL_ARG);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 0, 3, &n), TB_ERR_DIM);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, -1, &n), TB_ERR_CACHE_RANGE);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, INT64_MAX, &n), TB_ERR_OVERFLOW);
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, (int64_t)1 << 60, &n), TB_ERR_OVERFLOW);   /* T_new * keys */
+    cfg.causal = 0;
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, 3, &n), TB_ERR_NOT_CAUSAL);
+    cfg.causal = 1;
+    cfg.norm = 5;
+    CHECK_STATUS(tb_scratch_len_cached(&cfg, 2, 3, &n), TB_ERR_NORM);
+    CHECK(n == 12345);
+}
+
+/* Every bad argument of tb_block_forward_cached: its status, and not one double of the
+ * output, the caches or the scratch written. */
+static void test_cached_bad_arguments(void)
+{
+    const int64_t B = 2, T_new = 2, past = 1, max_T = 4;
+    tb_config good = small_config(4, 2, 6, 1);
+    fixture fx;
+    caches c;
+    tb_scratch scratch;
+    double *out, *in;
+    size_t n;
+    good.has_ffn_bias = 1;
+    good.has_ln_affine = 1;
+    good.has_attn_bias = 1;
+    fixture_init(&fx, good, B, T_new, 11);
+    c = caches_alloc(&fx, max_T, SENTINEL);
+    n = (size_t)(B * T_new * good.d_model);
+    out = alloc_doubles(n);
+    in = fx.in;
+    CHECK_STATUS(tb_scratch_len_cached(&good, T_new, past, &scratch.len), TB_OK);
+    scratch.data = alloc_doubles(scratch.len);
+
+#define MARK()                                                                              \
+    do {                                                                                    \
+        fill(out, n, SENTINEL);                                                             \
+        fill(c.K, c.len, SENTINEL);                                                         \
+        fill(c.V, c.len, SENTINEL);                                                         \
+        fill(scratch.data, scratch.len, SENTINEL);                                          \
+    } while (0)
+#define UNTOUCHED()                                                                         \
+    (all_equal(out, n, SENTINEL) && all_equal(c.K, c.len, SENTINEL) &&                      \
+     all_equal(c.V, c.len, SENTINEL) && all_equal(scratch.data, scratch.len, SENTINEL))
+#define FC_BAD(call, want)                                                                  \
+    do {                                                                                    \
+        MARK();                                                                             \
+        CHECK_STATUS(call, want);                                                           \
+        CHECK(UNTOUCHED());                                                                 \
+    } while (0)
+#define RUN(o, o_len, i, i_len, b, t, p, m, K, K_len, V, V_len, cf, wt, sc) \
+    tb_block_forward_cached(o, o_len, i, i_len, b, t, p, m, K, K_len, V, V_len, cf, wt, sc)
+#define GOOD() RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch)
+
+    /* the good call works, and writes only rows past .. past+T_new-1 of the caches */
+    MARK();
+    CHECK_STATUS(GOOD(), TB_OK);
+    CHECK(all_finite(out, n));
+    for (size_t b = 0; b < (size_t)B; b++)
+        for (size_t h = 0; h < 2; h++)
+            for (size_t t = 0; t < (size_t)max_T; t++) {
+                const double *k = c.K + cache_at(&fx, &c, b, h, t), *v = c.V + cache_at(&fx, &c, b, h, t);
+                const int written = t >= (size_t)past && t < (size_t)(past + T_new);
+                CHECK(written ? all_finite(k, 2) && all_finite(v, 2)
+                              : all_equal(k, 2, SENTINEL) && all_equal(v, 2, SENTINEL));
+            }
+
+    /* pointers */
+    FC_BAD(RUN(NULL, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, NULL, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, NULL, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, NULL, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, NULL, &fx.w, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, NULL, &scratch),
+           TB_ERR_NULL_ARG);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, NULL),
+           TB_ERR_NULL_ARG);
+    {
+        tb_scratch no_data = {NULL, 0};
+        no_data.len = scratch.len;
+        FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &no_data),
+               TB_ERR_NULL_ARG);
+    }
+    for (int i = 0; i < N_WEIGHTS; i++) {      /* every weight missing, then one double short */
+        const double *saved = *fx.weight[i];
+        *fx.weight[i] = NULL;
+        FC_BAD(GOOD(), TB_ERR_NULL_WEIGHT);
+        *fx.weight[i] = saved;
+        *fx.weight_len[i] -= 1;
+        FC_BAD(GOOD(), TB_ERR_WEIGHT_SIZE);
+        *fx.weight_len[i] += 1;
+    }
+
+    /* config: checked whole, and it must be causal */
+    fx.cfg.causal = 0;
+    FC_BAD(GOOD(), TB_ERR_NOT_CAUSAL);
+    fx.cfg.causal = 2;
+    FC_BAD(GOOD(), TB_ERR_FLAG);
+    fx.cfg.causal = 1;
+    fx.cfg.n_heads = 3;
+    FC_BAD(GOOD(), TB_ERR_HEADS);
+    fx.cfg.n_heads = 2;
+    fx.cfg.eps = 0.0;
+    FC_BAD(GOOD(), TB_ERR_EPS);
+    fx.cfg.eps = 1e-5;
+    fx.cfg.has_attn_bias = 0;
+    FC_BAD(GOOD(), TB_ERR_UNEXPECTED_WEIGHT);
+    fx.cfg.has_attn_bias = 1;
+
+    /* dimensions and the cache positions */
+    FC_BAD(RUN(out, n, in, n, 0, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_DIM);
+    FC_BAD(RUN(out, n, in, n, B, 0, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch), TB_ERR_DIM);
+    FC_BAD(RUN(out, n, in, n, B, -1, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch), TB_ERR_DIM);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, 0, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch), TB_ERR_DIM);
+    FC_BAD(RUN(out, n, in, n, B, T_new, -1, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_RANGE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, INT64_MIN, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_RANGE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, max_T - T_new + 1, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w,
+               &scratch), TB_ERR_CACHE_RANGE);                      /* one token past the end */
+    FC_BAD(RUN(out, n, in, n, B, T_new, INT64_MAX, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_RANGE);
+    FC_BAD(RUN(out, n, in, n, B, max_T + 1, 0, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_RANGE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, INT64_MAX, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERFLOW);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, (int64_t)1 << 60, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERFLOW);                                         /* B * max_T * d_model */
+    FC_BAD(RUN(out, n, in, n, INT64_MAX, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERFLOW);
+
+    /* lengths: a cache for max_T - 1 tokens is short, as is one double less */
+    FC_BAD(RUN(out, n, in, n - 1, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_INPUT_SIZE);
+    FC_BAD(RUN(out, n - 1, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OUTPUT_SIZE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len - 1, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_SIZE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len - 1, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_SIZE);
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T + 1, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_CACHE_SIZE);
+    scratch.len -= 1;
+    FC_BAD(GOOD(), TB_ERR_SCRATCH_SIZE);
+    scratch.len += 1;
+    {
+        size_t for_past0 = 0;   /* the scratch of a first chunk is too short for a later one */
+        CHECK_STATUS(tb_scratch_len_cached(&good, T_new, 0, &for_past0), TB_OK);
+        CHECK(for_past0 < scratch.len);
+        scratch.len = for_past0;
+        FC_BAD(GOOD(), TB_ERR_SCRATCH_SIZE);
+        CHECK_STATUS(tb_scratch_len_cached(&good, T_new, past, &scratch.len), TB_OK);
+    }
+
+    /* overlaps: the caches are outputs, over their whole extent */
+    FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, c.K, c.len, c.K, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERLAP);                                          /* K and V one buffer */
+    FC_BAD(RUN(c.K, n, in, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERLAP);                                          /* out in the key cache */
+    FC_BAD(RUN(out, n, c.V + c.len - n, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w,
+               &scratch), TB_ERR_OVERLAP);                           /* input at the value cache's end */
+    FC_BAD(RUN(out, n, out, n, B, T_new, past, max_T, c.K, c.len, c.V, c.len, &fx.cfg, &fx.w, &scratch),
+           TB_ERR_OVERLAP);
+    {
+        tb_scratch in_cache;        /* the scratch inside the key cache (the cache is long enough) */
+        double *big = alloc_doubles(scratch.len + 8);
+        in_cache.data = big + 4;
+        in_cache.len = scratch.len;
+        fill(big, scratch.len + 8, SENTINEL);
+        FC_BAD(RUN(out, n, in, n, B, T_new, past, max_T, big, c.len, c.V, c.len, &fx.cfg, &fx.w, &in_cache),
+               TB_ERR_OVERLAP);
+        CHECK(all_equal(big, scratch.len + 8, SENTINEL));
+        free(big);
+    }
+    {
+        const double *saved_wq = fx.w.w_q, *saved_bo = fx.w.b_o;
+        fx.w.w_q = c.K + 1;                                          /* a weight inside a cache */
+        FC_BAD(GOOD(), TB_ERR_OVERLAP);
+        fx.w.w_q = saved_wq;
+        fx.w.b_o = c.V + c.len - 1;                                  /* a bias straddling a cache's end */
+        fx.w.b_o_len = 4;
+        FC_BAD(GOOD(), TB_ERR_OVERLAP);
+        fx.w.b_o = saved_bo;
+    }
+
+    /* and all is well again */
+    MARK();
+    CHECK_STATUS(GOOD(), TB_OK);
+    CHECK(all_finite(out, n));
+#undef GOOD
+#undef RUN
+#undef FC_BAD
+#undef UNTOUCHED
+#undef MARK
+    free(out);
+    free(scratch.data);
+    caches_free(&c);
+    fixture_free(&fx);
+}
+
 int main(void)
 {
     test_status_strings();
@@ -919,6 +1261,12 @@ int main(void)
                 test_block_consistency(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1,
                                        (flags >> 3) & 1);
     test_block_bad_arguments();
+    test_scratch_len_cached();
+    for (int norm = 0; norm < 2; norm++)
+        for (int act = 0; act < 3; act++)
+            for (int flags = 0; flags < 8; flags++)
+                test_cached_matches_full(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1);
+    test_cached_bad_arguments();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }

@@ -2,7 +2,8 @@
 
 ``components`` times the C entry points one by one through the same raw calls.
 
-``forward_batch`` is the backend entry point (see tblock/api.py). The ``*_raw`` functions
+``forward_batch`` is the backend entry point (see tblock/api.py), ``forward_cached`` its KV-cache
+path (tb_block_forward_cached). The ``*_raw`` functions
 pass their arguments to the C entry points as they are, bad ones included, so tests can
 reach the C argument checks; a C error status comes back as :class:`CRefError` (a
 ValueError) naming the code and its message.
@@ -165,6 +166,35 @@ def call_block_forward_raw(out, H, B: int, T: int, cfg: dict | None, weights: di
     _check("tb_block_forward", call.lib.tb_block_forward(out_p, out_n, in_p, in_n, B, T, c, w, s, t))
 
 
+def scratch_len_cached(cfg: dict | None, T_new: int, past: int) -> int:
+    """Doubles of scratch tb_block_forward_cached needs for T_new tokens after past cached ones."""
+    call = _Call(None)
+    n = call.ffi.new("size_t *")
+    _check("tb_scratch_len_cached", call.lib.tb_scratch_len_cached(call.config(cfg), T_new, past, n))
+    return int(n[0])
+
+
+def call_block_forward_cached_raw(out, H, B: int, T_new: int, past: int, max_T: int, K_cache, V_cache,
+                                  cfg: dict | None, weights: dict | None, scratch, lens: dict | None = None,
+                                  scratch_struct: bool = True) -> None:
+    """tb_block_forward_cached(out, H, B, T_new, past, max_T, K_cache, V_cache, cfg, weights,
+    scratch) as given. The caches are (B, n_heads, max_T, d_k) float64 arrays (or None); C
+    writes the new tokens' keys and values into them in place. ``lens`` keys: "out", "H",
+    "K_cache", "V_cache", "scratch" or a weight name."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    in_p, in_n = call.buf("H", H)
+    k_p, k_n = call.buf("K_cache", K_cache, writable=True)
+    v_p, v_n = call.buf("V_cache", V_cache, writable=True)
+    c = call.config(cfg)
+    w = call.weights(weights)
+    sp, sn = call.buf("scratch", scratch, writable=True)
+    s = call.ffi.new("tb_scratch *", {"data": sp, "len": sn}) if scratch_struct else call.ffi.NULL
+    call.finish()
+    _check("tb_block_forward_cached", call.lib.tb_block_forward_cached(
+        out_p, out_n, in_p, in_n, B, T_new, past, max_T, k_p, k_n, v_p, v_n, c, w, s))
+
+
 def layernorm_rows_raw(out, X, rows: int, cols: int, gamma=None, beta=None, eps: float = 1e-5,
                        lens: dict | None = None) -> None:
     """tb_layernorm_rows; lens keys: out, X, affine (the length sent with gamma and beta)."""
@@ -251,6 +281,38 @@ def forward_batch(H: np.ndarray, weights, cfg, trace: bool):
     tr = {name: np.full(shape, np.nan) for name, shape in trace_shapes(B, T, cfg).items()} if trace else None
     call_block_forward_raw(out, H64, B, T, fields, w, scratch, tr)
     return out, tr
+
+
+def forward_cached(H: np.ndarray, weights, cfg, cache):
+    """The KV-cache entry point: H (B, T_new, d_model) holds the tokens after the cache's first
+    cache.length; returns their float64 H_out, having written their K and V into the cache
+    past cache.length (tblock.api then moves cache.length).
+
+    C computes in double only. A float64 cache is handed to C as it is, and C writes the new
+    rows in place. A float32 cache is not: C gets a float64 copy of the rows it reads,
+    (B, n_heads, past + T_new, d_k), the past ones converted and the new ones for it to fill,
+    and the new rows are copied back, rounded to float32. So the new tokens attend to their
+    own keys unrounded, and to the earlier ones as the cache stores them."""
+    B, T_new, _ = H.shape
+    past = cache.length
+    H64 = np.ascontiguousarray(H, dtype=np.float64)
+    w = weights.prepared(("c_ref", "float64"), _float64_weights)
+    fields = config_fields(cfg)
+    if cache.dtype == np.float64:
+        K, V, max_T = cache.K, cache.V, cache.max_T
+    else:
+        K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)  # (B, h, keys, d_k) float64
+        V = np.full_like(K, np.nan)
+        K[:, :, :past], V[:, :, :past] = cache.K[:, :, :past], cache.V[:, :, :past]
+        max_T = past + T_new
+    # NaN-filled, so a value C never wrote could not pass for a result
+    scratch = np.full(scratch_len_cached(fields, T_new, past), np.nan)
+    out = np.full(H.shape, np.nan)
+    call_block_forward_cached_raw(out, H64, B, T_new, past, max_T, K, V, fields, w, scratch)
+    if K is not cache.K:
+        new = slice(past, past + T_new)
+        cache.K[:, :, new], cache.V[:, :, new] = K[:, :, new], V[:, :, new]
+    return out
 
 
 def components(cfg, weights, dtype):
