@@ -16,8 +16,10 @@ nothing (the API did) and only prepares weights and dispatches.
     attention   flash-style attention for one head (online softmax over key tiles), and
                 the untiled per-query kernel for tiny sequences
     stages      the tasks of the block's stages (projection, attention, W_O, FFN pieces)
-    block       the whole block as one compiled call (serial and parallel builds), and the
-                attention on its own (attention_core) for the component timings
+    block       the whole block as one compiled call (serial and parallel builds), with or
+                without a KV cache, and the attention on its own (attention_core) for the
+                component timings
+    lm_head     LN_f and a language model's vocabulary head over the packed tied embedding
 
 Numba's cache is one directory per vector path, and any edit to a module of this package
 invalidates all of it (``cache``): the block inlines code from every sibling.

@@ -39,7 +39,6 @@ serial and the parallel build's fast-math code, on the thread count.
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 from numba import prange
@@ -47,7 +46,7 @@ from numba import prange
 from .gemm import KC, gemm_block
 from .layernorm import layernorm_rows
 from .layout import ceil_div, panels, row_piece, rows_per_task, stage_grid, task_tile, weight_layout
-from .options import kernel
+from .options import kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
                      cache_packed_task, cache_rows_task, cached_attention_task, copy_add, ffn_down_task,
@@ -210,16 +209,4 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     return out3, True
 
 
-def _compiled(name, parallel):
-    # Two compilations of one body.  Numba names its cache files after the function's
-    # qualified name, so each copy gets its own name; otherwise the serial and the
-    # parallel build would overwrite each other's cache entries.
-    fn = types.FunctionType(_block.__code__, _block.__globals__, name, _block.__defaults__,
-                            _block.__closure__)
-    fn.__qualname__ = name
-    fn.__doc__ = _block.__doc__
-    return kernel(fn, parallel=parallel)
-
-
-block_parallel = _compiled("block_parallel", True)
-block_serial = _compiled("block_serial", False)
+block_serial, block_parallel = serial_and_parallel(_block, "block")

@@ -21,14 +21,12 @@ so the result does not depend on the schedule.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 from numba import prange
 
 from .gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from .layout import ceil_div, panels
-from .options import kernel
+from .options import serial_and_parallel
 from .simd import panel_lanes
 from .stages import layernorm_piece
 
@@ -69,14 +67,4 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, nthr):
                    out, 0, vocab, False, KC, -1)
 
 
-def _compiled(name, parallel):
-    # one body compiled twice, each under its own name, so that Numba's cache files of the
-    # serial and the parallel build do not overwrite each other (as kernels.block does)
-    fn = types.FunctionType(_head.__code__, _head.__globals__, name, _head.__defaults__, _head.__closure__)
-    fn.__qualname__ = name
-    fn.__doc__ = _head.__doc__
-    return kernel(fn, parallel=parallel)
-
-
-head_parallel = _compiled("head_parallel", True)
-head_serial = _compiled("head_serial", False)
+head_serial, head_parallel = serial_and_parallel(_head, "head")

@@ -1,5 +1,7 @@
 """Compiler options shared by every kernel."""
 
+import types as pytypes
+
 from numba.core import types
 from numba.core.registry import CPUDispatcher
 
@@ -40,3 +42,17 @@ def kernel(fn=None, **options):
             disp.enable_caching()
         return disp
     return wrap(fn) if fn is not None else wrap
+
+
+def serial_and_parallel(fn, name):
+    """Two kernels of one body, ``{name}_serial`` and ``{name}_parallel`` (prange a plain
+    loop in the first).  Numba names its cache files after the function's qualified name,
+    so each copy gets its own; otherwise the two builds would overwrite each other's
+    cache entries."""
+    def copy(suffix, parallel):
+        f = pytypes.FunctionType(fn.__code__, fn.__globals__, f"{name}_{suffix}", fn.__defaults__,
+                                 fn.__closure__)
+        f.__qualname__ = f.__name__
+        f.__doc__ = fn.__doc__
+        return kernel(f, parallel=parallel)
+    return copy("serial", False), copy("parallel", True)

@@ -268,7 +268,8 @@ def _forward_trace(H, weights, cfg):
 
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel for float32 and float64: the
-    serial and the parallel block and the trace path, so no later call compiles."""
+    serial and the parallel block (with and without a KV cache: one signature), the trace
+    path and tblock.GPT2's vocabulary head, so no later call compiles."""
     from ..weights import init_weights
     cfg = BlockConfig(d_model=8, n_heads=2)
     for dtype in (np.float32, np.float64):
@@ -280,6 +281,21 @@ def warmup() -> None:
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included
+        _warm_head(dtype)
+
+
+def _warm_head(dtype):
+    """The vocabulary head (kernels.lm_head) with the array kinds tblock.GPT2 passes: the
+    stream writeable, LN_f's affine and the packed embedding read-only."""
+    from ..kernels.lm_head import head_parallel, head_serial, pack_head
+    d, vocab, rows = 8, 8, 4
+    P = np.concatenate([np.ones(d, dtype), np.zeros(d, dtype)])
+    P.flags.writeable = False
+    args = (np.zeros(rows * d, dtype), rows, d, P, 1e-5, pack_head(np.zeros((vocab, d)), dtype), vocab,
+            np.empty(rows * vocab, dtype))
+    head_serial(*args, 1)
+    if not _runtime._serial_only:
+        parallel_call(head_parallel, *args, pass_threads=True)
 
 
 # ----------------------------------------------------------------------------- components
