@@ -505,3 +505,93 @@ def test_raw_lengths_can_only_shrink():
     with pytest.raises(ValueError, match="must be between"):
         cb.call_block_forward_raw(**args)
     assert np.all(args["out"] == SENTINEL)
+
+
+# ---------------------------------------------------------------------------------------
+# the KV-cache entry point's error path: a status from C, and nothing written
+
+CACHED = dict(B=2, T_new=2, past=1, max_T=4)
+
+
+def good_cached_call():
+    """Arguments of a valid tb_block_forward_cached call: outputs, caches and scratch SENTINEL."""
+    cfg = tblock.BlockConfig(d_model=4, n_heads=2, d_ff=6, ffn_bias=True, ln_affine=True, attn_bias=True)
+    fields = cb.config_fields(cfg)
+    B, T_new, past, max_T = CACHED.values()
+    cache_shape = (B, cfg.n_heads, max_T, cfg.d_k)
+    return dict(out=np.full((B, T_new, 4), SENTINEL), H=np.random.default_rng(5).standard_normal((B, T_new, 4)),
+                **CACHED, K_cache=np.full(cache_shape, SENTINEL), V_cache=np.full(cache_shape, SENTINEL),
+                cfg=fields, weights=cb._float64_weights(random_weights(cfg, np.random.default_rng(6))),
+                scratch=np.full(cb.scratch_len_cached(fields, T_new, past), SENTINEL))
+
+
+def _overlap(target, source, stop=None):
+    def apply(args):
+        args[target] = args[source].reshape(-1)[:stop] if stop else args[source]
+    return apply
+
+
+def _shorter(name):
+    """The length sent with array `name` one double short."""
+    return lambda args: args.setdefault("lens", {}).update({name: args[name].size - 1})
+
+
+CACHED_BAD = [
+    ("NULL K_cache", _set("K_cache", None), "TB_ERR_NULL_ARG"),
+    ("NULL V_cache", _set("V_cache", None), "TB_ERR_NULL_ARG"),
+    ("NULL scratch struct", _set("scratch_struct", False), "TB_ERR_NULL_ARG"),
+    ("NULL b_k", _set("weights.b_k", None), "TB_ERR_NULL_WEIGHT"),
+    ("not causal", _set("cfg.causal", 0), "TB_ERR_NOT_CAUSAL"),
+    ("causal = 2", _set("cfg.causal", 2), "TB_ERR_FLAG"),
+    ("max_T = 0", _set("max_T", 0), "TB_ERR_DIM"),
+    ("T_new = 0", _set("T_new", 0), "TB_ERR_DIM"),
+    ("past = -1", _set("past", -1), "TB_ERR_CACHE_RANGE"),
+    ("past + T_new = max_T + 1", _set("past", 3), "TB_ERR_CACHE_RANGE"),
+    ("max_T overflows", _set("max_T", 2**62), "TB_ERR_OVERFLOW"),
+    ("K_cache too short", _shorter("K_cache"), "TB_ERR_CACHE_SIZE"),
+    ("V_cache too short", _shorter("V_cache"), "TB_ERR_CACHE_SIZE"),
+    ("caches for a larger max_T", _set("max_T", 5), "TB_ERR_CACHE_SIZE"),
+    ("input too short", _shorter("H"), "TB_ERR_INPUT_SIZE"),
+    ("scratch too short", _shorter("scratch"), "TB_ERR_SCRATCH_SIZE"),
+    ("V_cache is K_cache", _overlap("V_cache", "K_cache"), "TB_ERR_OVERLAP"),
+    ("output inside K_cache", _overlap("out", "K_cache", 16), "TB_ERR_OVERLAP"),
+    ("input inside V_cache", _overlap("H", "V_cache", 16), "TB_ERR_OVERLAP"),
+    ("b_o inside V_cache", lambda args: args["weights"].update(b_o=args["V_cache"].reshape(-1)[-4:]),
+     "TB_ERR_OVERLAP"),
+]
+
+
+def test_good_cached_call_writes_only_the_new_rows():
+    args = good_cached_call()
+    cb.call_block_forward_cached_raw(**args)
+    assert np.all(np.isfinite(args["out"]))
+    past, new = args["past"], slice(args["past"], args["past"] + args["T_new"])
+    for cache in (args["K_cache"], args["V_cache"]):
+        assert np.all(np.isfinite(cache[:, :, new]))
+        assert np.all(cache[:, :, :past] == SENTINEL) and np.all(cache[:, :, new.stop:] == SENTINEL)
+
+
+@pytest.mark.parametrize("change, want", [(c, w) for _, c, w in CACHED_BAD], ids=[d for d, _, _ in CACHED_BAD])
+def test_bad_cached_argument_is_a_value_error_and_writes_nothing(change, want):
+    args = good_cached_call()
+    outputs = [args["out"], args["K_cache"], args["V_cache"], args["scratch"]]
+    change(args)
+    saved = [a.copy() for a in outputs]
+    with pytest.raises(cb.CRefError) as e:
+        cb.call_block_forward_cached_raw(**args)
+    assert e.value.name == want and "tb_block_forward_cached" in str(e.value), str(e.value)
+    for before, after in zip(saved, outputs):
+        assert np.array_equal(before, after)
+    assert all(np.all(a == SENTINEL) for a in outputs)
+
+
+def test_scratch_len_cached_errors():
+    fields = cb.config_fields(tblock.BlockConfig(d_model=4, n_heads=2))
+    assert cb.scratch_len_cached(fields, 3, 0) == cb.scratch_len(fields, 3)
+    assert cb.scratch_len_cached(fields, 1, 5) > cb.scratch_len_cached(fields, 1, 4)    # S and A grow with the keys
+    for cfg, T_new, past, want in [(fields, 1, -1, "TB_ERR_CACHE_RANGE"), (fields, 0, 0, "TB_ERR_DIM"),
+                                   (dict(fields, causal=0), 1, 0, "TB_ERR_NOT_CAUSAL"),
+                                   (None, 1, 0, "TB_ERR_NULL_ARG")]:
+        with pytest.raises(cb.CRefError) as e:
+            cb.scratch_len_cached(cfg, T_new, past)
+        assert e.value.name == want

@@ -1,0 +1,432 @@
+"""KV-cache decoding (issue #17) on every backend of tblock.available_backends().
+
+A causal block's row t depends on rows 0..t only, so feeding a sequence through a KVCache in
+chunks (a prefill, then one token at a time, or any mix) must give the rows a forward over
+the whole sequence gives: the expected values are that full forward, on the same backend,
+which never touches a cache. Accuracy is max|cached - full| / max|full| per sequence
+schedule: <= 1e-12 in float64, <= 1e-5 in float32. The cache's keys and values are checked
+against the NumPy oracle's trace of the full sequence, K and V.
+
+Errors: a bad call raises a ValueError or TypeError naming what is wrong, and leaves every
+cache as it was (length and contents), so decoding can go on.
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+import tblock
+from tblock import api
+from tblock.backends import numpy as oracle
+from tblock.backends import torch as torch_backend
+
+BACKENDS = tblock.available_backends()
+DTYPES = [np.float64, np.float32]
+TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
+
+# small blocks over the flags: d_model not a multiple of 8, d_k = 1, one head, Pre-/Post-LN,
+# random attention/FFN biases and LayerNorm affines (all drawn away from 0, see nonzero)
+CASES = {
+    "pre-all-biases-dk2": tblock.BlockConfig(d_model=6, n_heads=3, d_ff=10, norm="pre", ffn_bias=True,
+                                             ln_affine=True, attn_bias=True),
+    "post-dk1": tblock.BlockConfig(d_model=5, n_heads=5, d_ff=7, norm="post", activation="relu",
+                                   ln_affine=True, attn_bias=True),
+    "post-one-head": tblock.BlockConfig(d_model=7, n_heads=1, d_ff=9, norm="post", activation="gelu_erf",
+                                        ffn_bias=True, attn_bias=True),
+    "pre-lesson-flags": tblock.BlockConfig(d_model=16, n_heads=2, d_ff=24),
+}
+N = 9   # tokens per sequence in the CASES tests
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    scale = np.max(np.abs(want))
+    err = np.max(np.abs(got - want))
+    return float(err / scale) if scale > 0 else float(err)
+
+
+def nonzero(rng, shape):
+    """Random values bounded away from 0, either sign: a bias or affine that matters."""
+    return rng.uniform(0.2, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def random_weights(cfg, seed, dtype=np.float64) -> tblock.BlockWeights:
+    rng = np.random.default_rng(seed)
+    d, f = cfg.d_model, cfg.d_ff
+    w = dict(w_q=rng.standard_normal((d, d)) / np.sqrt(d), w_k=rng.standard_normal((d, d)) / np.sqrt(d),
+             w_v=rng.standard_normal((d, d)) / np.sqrt(d), w_o=rng.standard_normal((d, d)) / np.sqrt(d),
+             w_ff1=rng.standard_normal((d, f)) * np.sqrt(2.0 / d),
+             w_ff2=rng.standard_normal((f, d)) * np.sqrt(2.0 / f))
+    if cfg.ffn_bias:
+        w.update(b_ff1=nonzero(rng, f), b_ff2=nonzero(rng, d))
+    if cfg.ln_affine:
+        w.update(ln1_gamma=nonzero(rng, d), ln1_beta=nonzero(rng, d),
+                 ln2_gamma=nonzero(rng, d), ln2_beta=nonzero(rng, d))
+    if cfg.attn_bias:
+        w.update(b_q=nonzero(rng, d), b_k=nonzero(rng, d), b_v=nonzero(rng, d), b_o=nonzero(rng, d))
+    return tblock.BlockWeights(**{k: v.astype(dtype) for k, v in w.items()})
+
+
+def sequences(cfg, B, T, dtype, seed=7):
+    return np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
+
+
+def schedules(T):
+    """Chunk sizes that add up to T: every prefill length 1..T followed by one token at a
+    time (T alone is the whole sequence in one call), and mixed chunks."""
+    for p in range(1, T + 1):
+        yield [p] + [1] * (T - p)
+    yield [3, 1, 2, 3][:T]
+    yield [2, 4, 1, 2]
+    yield [1, T - 1]
+
+
+def decode(run, H, cache, schedule):
+    """Feed H (B, T, d_model), the tokens after the cache's, through ``run(H_chunk, cache)``
+    chunk by chunk; the rows, joined."""
+    outs, at, past = [], 0, cache.length
+    for n in schedule:
+        outs.append(run(H[:, at:at + n], cache))
+        at += n
+        assert cache.length == past + at
+    return np.concatenate(outs, axis=1)                     # (B, T, d_model)
+
+
+def forward_with(w, cfg, backend):
+    return lambda H, cache: tblock.forward(H, w, cfg, backend=backend, cache=cache)
+
+
+def snapshot(cache):
+    return cache.length, cache.K.copy(), cache.V.copy()
+
+
+def assert_unchanged(cache, snap):
+    length, K, V = snap
+    assert cache.length == length
+    assert np.array_equal(cache.K, K, equal_nan=True) and np.array_equal(cache.V, V, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------
+# cached decoding equals full recomputation
+
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cached_decoding_equals_full_forward(backend, dtype, case, B):
+    cfg = CASES[case]
+    w = random_weights(cfg, seed=len(case), dtype=dtype)
+    H = sequences(cfg, B, N, dtype)
+    full = tblock.forward(H, w, cfg, backend=backend)
+    _, want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy", trace=True)
+    tol = TOL[np.dtype(dtype)]
+    for schedule in schedules(N):
+        cache = tblock.KVCache(cfg, max_T=N + 2, batch=B, dtype=dtype)     # room to spare
+        got = decode(forward_with(w, cfg, backend), H, cache, schedule)
+        assert got.dtype == np.dtype(dtype)
+        assert rel_err(got, full) <= tol, schedule
+        # the cache holds the sequence's keys and values, in its dtype, as the oracle computes them
+        assert cache.K.dtype == np.dtype(dtype)
+        assert rel_err(cache.keys(), want.K) <= tol and rel_err(cache.values(), want.V) <= tol, schedule
+        assert not cache.K[:, :, N:].any() and not cache.V[:, :, N:].any()   # the spare rows: still zero
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_prefill(backend, dtype):
+    """Prefills on both sides of T*T*d_k = 8192 (T = 32 at d_k = 8), where the numba
+    backend's first chunk goes from the direct attention to the packed one; a selection of
+    prefill lengths, since every one of 1..48 would take long on the oracle."""
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2, d_ff=40, norm="pre", ffn_bias=True, ln_affine=True,
+                             attn_bias=True)
+    T, B = 48, 2
+    w = random_weights(cfg, seed=5, dtype=dtype)
+    H = sequences(cfg, B, T, dtype)
+    full = tblock.forward(H, w, cfg, backend=backend)
+    for p in (1, 32, 33, 40, 47, 48):
+        cache = tblock.KVCache(cfg, max_T=T, batch=B, dtype=dtype)
+        got = decode(forward_with(w, cfg, backend), H, cache, [p] + [1] * (T - p))
+        assert rel_err(got, full) <= TOL[np.dtype(dtype)], p
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_dimensional_input(backend, dtype):
+    cfg = CASES["pre-all-biases-dk2"]
+    w = random_weights(cfg, seed=2, dtype=dtype)
+    H = sequences(cfg, 1, N, dtype)[0]                      # (T, d_model)
+    full = tblock.forward(H, w, cfg, backend=backend)
+    cache = tblock.KVCache(cfg, max_T=N, dtype=dtype)
+    got = [tblock.forward(H[:4], w, cfg, backend=backend, cache=cache)]
+    got += [tblock.forward(H[t:t + 1], w, cfg, backend=backend, cache=cache) for t in range(4, N)]
+    assert all(g.ndim == 2 for g in got)
+    assert rel_err(np.concatenate(got), full) <= TOL[np.dtype(dtype)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("second", BACKENDS)
+@pytest.mark.parametrize("first", BACKENDS)
+def test_backends_share_a_cache(first, second, dtype):
+    """A cache one backend filled, another goes on with: they agree on its layout."""
+    cfg = CASES["post-dk1"]
+    w = random_weights(cfg, seed=3, dtype=dtype)
+    H = sequences(cfg, 2, N, dtype)
+    p = 4
+    cache = tblock.KVCache(cfg, max_T=N, batch=2, dtype=dtype)
+    head = tblock.forward(H[:, :p], w, cfg, backend=first, cache=cache)
+    tail = decode(forward_with(w, cfg, second), H[:, p:], cache, [1, 3, 1])
+    tol = TOL[np.dtype(dtype)]
+    assert rel_err(head, tblock.forward(H[:, :p], w, cfg, backend=first)) <= tol
+    assert rel_err(tail, tblock.forward(H, w, cfg, backend=second)[:, p:]) <= tol
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reset_starts_over(backend):
+    cfg = CASES["pre-lesson-flags"]
+    w = random_weights(cfg, seed=4)
+    H, other = sequences(cfg, 2, 5, np.float64, seed=1), sequences(cfg, 2, 5, np.float64, seed=2)
+    cache = tblock.KVCache(cfg, max_T=5, batch=2, dtype=np.float64)
+    decode(forward_with(w, cfg, backend), other, cache, [5])
+    cache.reset()
+    assert cache.length == 0 and cache.keys().shape == (2, 0, cfg.d_model)
+    got = decode(forward_with(w, cfg, backend), H, cache, [2, 1, 2])
+    assert rel_err(got, tblock.forward(H, w, cfg, backend=backend)) <= TOL[np.dtype(np.float64)]
+
+
+# ---------------------------------------------------------------------------------------
+# Block and Stack
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_make_cache(backend):
+    cfg = CASES["post-one-head"]
+    block = tblock.Block(cfg, random_weights(cfg, seed=6), backend=backend)
+    cache = block.make_cache(max_T=N, batch=2, dtype=np.float64)
+    assert isinstance(cache, tblock.KVCache)
+    assert (cache.cfg, cache.max_T, cache.batch, cache.dtype, cache.length) == (cfg, N, 2, np.dtype(np.float64), 0)
+    assert cache.K.shape == cache.V.shape == (2, cfg.n_heads, N, cfg.d_k)
+    assert cache.nbytes == 2 * 2 * N * cfg.d_model * 8
+    assert block.make_cache(3).dtype == np.dtype(np.float32) and block.make_cache(3).batch == 1
+    H = sequences(cfg, 2, N, np.float64)
+    got = decode(lambda X, c: block(X, cache=c), H, cache, [3, 1, 1, 4])
+    assert rel_err(got, block(H)) <= TOL[np.dtype(np.float64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stack_with_caches_equals_full_stack(backend, dtype):
+    cfg = CASES["pre-all-biases-dk2"]
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=10 + l, dtype=dtype) for l in range(3)], backend=backend)
+    caches = stack.make_cache(max_T=N, batch=2, dtype=dtype)
+    assert len(caches) == 3 and len({id(c) for c in caches}) == 3
+    assert all(c.cfg == cfg and c.dtype == np.dtype(dtype) for c in caches)
+    H = sequences(cfg, 2, N, dtype)
+    full = stack(H)
+    for schedule in ([N], [1] * N, [4, 1, 3, 1]):
+        for c in caches:
+            c.reset()
+        outs, at = [], 0
+        for n in schedule:
+            outs.append(stack(H[:, at:at + n], cache=caches))
+            at += n
+            assert [c.length for c in caches] == [at] * 3
+        assert rel_err(np.concatenate(outs, axis=1), full) <= TOL[np.dtype(dtype)], schedule
+
+
+# ---------------------------------------------------------------------------------------
+# errors: clear messages, and no cache changed
+
+def test_cache_needs_a_causal_block():
+    cfg = tblock.BlockConfig(d_model=4, n_heads=2, causal=False)
+    with pytest.raises(ValueError, match="causal"):
+        tblock.KVCache(cfg, max_T=4)
+    with pytest.raises(ValueError, match="causal"):
+        tblock.Block(cfg, random_weights(cfg, seed=0)).make_cache(4)
+    with pytest.raises(ValueError, match="causal"):
+        tblock.Stack(cfg, [random_weights(cfg, seed=0)]).make_cache(4)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(cfg="cfg"), TypeError, "cfg must be a BlockConfig"),
+    (dict(max_T=0), ValueError, "max_T must be >= 1, got 0"),
+    (dict(max_T=2.5), TypeError, "max_T must be an integer"),
+    (dict(max_T=True), TypeError, "max_T must be an integer"),
+    (dict(batch=0), ValueError, "batch must be >= 1, got 0"),
+    (dict(batch="2"), TypeError, "batch must be an integer"),
+    (dict(dtype=np.float16), TypeError, "dtype must be float32 or float64, got float16"),
+])
+def test_cache_constructor_arguments(kwargs, error, match):
+    args = dict(cfg=tblock.BlockConfig(d_model=4, n_heads=2), max_T=4)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        tblock.KVCache(**args)
+
+
+def _prefilled(backend, dtype=np.float64, max_T=6, p=3, B=2):
+    """A cache holding the first p tokens of H, with the weights and config that made it."""
+    cfg = CASES["pre-all-biases-dk2"]
+    w = random_weights(cfg, seed=8, dtype=dtype)
+    H = sequences(cfg, B, max_T, dtype)
+    cache = tblock.KVCache(cfg, max_T=max_T, batch=B, dtype=dtype)
+    tblock.forward(H[:, :p], w, cfg, backend=backend, cache=cache)
+    return cfg, w, H, cache
+
+
+def _bad_calls(cfg, w, H):
+    """(what, call(cache), error, match): each must fail before the cache changes."""
+    other_cfg = tblock.BlockConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, norm="post",
+                                   ffn_bias=True, ln_affine=True, attn_bias=True)
+    other_w = random_weights(other_cfg, seed=9)
+    nan, inf = H[:, 3:4].copy(), H[:, 3:5].copy()
+    nan[1, 0, 2] = np.nan
+    inf[0, 1, 0] = -np.inf
+    return [
+        ("a cache made for another config", lambda be, c: tblock.forward(H[:, 3:4], other_w, other_cfg,
+                                                                        backend=be, cache=c),
+         ValueError, "cache was made for"),
+        ("float32 input to a float64 cache", lambda be, c: tblock.forward(H[:, 3:4].astype(np.float32), w, cfg,
+                                                                          backend=be, cache=c),
+         TypeError, "cache holds float64, got H of dtype float32"),
+        ("a batch of 3 for a cache of 2", lambda be, c: tblock.forward(np.concatenate([H, H[:1]])[:, 3:4], w, cfg,
+                                                                       backend=be, cache=c),
+         ValueError, "cache holds 2 sequence"),
+        ("a 2-D input for a cache of 2 sequences", lambda be, c: tblock.forward(H[0, 3:4], w, cfg,
+                                                                                backend=be, cache=c),
+         ValueError, "cache holds 2 sequence"),
+        ("4 tokens where 3 fit", lambda be, c: tblock.forward(np.concatenate([H, H], axis=1)[:, 3:7], w, cfg,
+                                                              backend=be, cache=c),
+         ValueError, "cache holds 3 of max_T=6 tokens, got 4 more"),
+        ("a NaN in the input", lambda be, c: tblock.forward(nan, w, cfg, backend=be, cache=c),
+         ValueError, "H must be finite, found nan at index \\(1, 0, 2\\)"),
+        ("an Inf in the input", lambda be, c: tblock.forward(inf, w, cfg, backend=be, cache=c),
+         ValueError, "H must be finite, found -inf at index \\(0, 1, 0\\)"),
+        ("trace=True", lambda be, c: tblock.forward(H[:, 3:4], w, cfg, backend=be, cache=c, trace=True),
+         ValueError, "trace=True cannot be combined with a cache"),
+        ("the wrong width", lambda be, c: tblock.forward(H[:, 3:4, :-1], w, cfg, backend=be, cache=c),
+         ValueError, "d_model=6"),
+        ("no tokens", lambda be, c: tblock.forward(H[:, 3:3], w, cfg, backend=be, cache=c),
+         ValueError, "at least one token"),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_calls_leave_the_cache_unchanged(backend):
+    cfg, w, H, cache = _prefilled(backend)
+    for what, call, error, match in _bad_calls(cfg, w, H):
+        before = snapshot(cache)
+        with pytest.raises(error, match=match):
+            call(backend, cache)
+        assert_unchanged(cache, before)
+    # the cache still works: the other 3 tokens give the full forward's rows
+    got = decode(forward_with(w, cfg, backend), H[:, 3:], cache, [1, 2])
+    assert rel_err(got, tblock.forward(H, w, cfg, backend=backend)[:, 3:]) <= TOL[np.dtype(np.float64)]
+
+
+def test_cache_must_be_a_kvcache():
+    cfg, w, H, _ = _prefilled("numpy")
+    with pytest.raises(TypeError, match="cache must be a tblock.KVCache, got dict"):
+        tblock.forward(H[:, 3:4], w, cfg, cache={"K": None})
+
+
+def test_backend_without_a_cached_path(monkeypatch):
+    """A backend module with forward_batch but no forward_cached is refused by name, before
+    anything is checked or written. The stand-in is registered as "torch", whose module
+    has no cached path but needs torch installed to load."""
+    cfg, w, H, cache = _prefilled("numpy")
+    assert not hasattr(torch_backend, "forward_cached")
+    no_cache = types.SimpleNamespace(CHECKS_FINITE=False, forward_batch=oracle.forward_batch)
+    monkeypatch.setitem(api._LOADED, "torch", no_cache)
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="backend 'torch' has no KV-cache path"):
+        tblock.forward(H[:, 3:4], w, cfg, backend="torch", cache=cache)
+    assert_unchanged(cache, before)
+    assert np.array_equal(tblock.forward(H, w, cfg, backend="torch"), tblock.forward(H, w, cfg, backend="numpy"))
+
+
+@pytest.mark.skipif(torch_backend.status() != "", reason="torch is an optional peer and does not import here: "
+                                                          "test_backend_without_a_cached_path covers the refusal")
+def test_torch_backend_has_no_cached_path():
+    cfg, w, H, cache = _prefilled("numpy")
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="backend 'torch' has no KV-cache path"):
+        tblock.forward(H[:, 3:4], w, cfg, backend="torch", cache=cache)
+    assert_unchanged(cache, before)
+
+
+# ---------------------------------------------------------------------------------------
+# a Stack checks every block's cache before the first is written
+
+def _stack_and_caches(dtype=np.float64, n_layers=3, max_T=6, p=3):
+    cfg = CASES["pre-all-biases-dk2"]
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=20 + l, dtype=dtype) for l in range(n_layers)],
+                         backend="numpy")
+    H = sequences(cfg, 2, max_T, dtype)
+    caches = stack.make_cache(max_T=max_T, batch=2, dtype=dtype)
+    stack(H[:, :p], cache=caches)
+    return cfg, stack, H, caches
+
+
+def _replace(i, make):
+    """A change to the good list of caches: entry i replaced by make(cfg, caches)."""
+    def change(cfg, caches):
+        bad = list(caches)
+        bad[i] = make(cfg, caches)
+        return bad
+    return change
+
+
+def _short_cache(cfg, caches):
+    """A cache with the others' tokens but room for only one more."""
+    c = tblock.KVCache(cfg, max_T=caches[0].length + 1, batch=2, dtype=np.float64)
+    c.K[:, :, :caches[0].length] = caches[0].K[:, :, :caches[0].length]
+    c.V[:, :, :caches[0].length] = caches[0].V[:, :, :caches[0].length]
+    c.length = caches[0].length
+    return c
+
+
+def _other_cfg_cache(cfg, caches):
+    return tblock.KVCache(tblock.BlockConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, norm="post",
+                                             ffn_bias=True, ln_affine=True, attn_bias=True), max_T=6, batch=2,
+                          dtype=np.float64)
+
+
+STACK_BAD = [
+    ("one cache too few", lambda cfg, cs: cs[:2], ValueError, "one KVCache per block \\(3\\), got 2"),
+    ("one cache too many", lambda cfg, cs: cs + [tblock.KVCache(cfg, 6, 2, np.float64)], ValueError,
+     "one KVCache per block \\(3\\), got 4"),
+    ("a single cache", lambda cfg, cs: cs[0], TypeError, "list of one KVCache per block"),
+    ("not a cache", _replace(1, lambda cfg, cs: "cache"), TypeError, "cache\\[1\\] must be a KVCache"),
+    ("last cache for another config", _replace(2, _other_cfg_cache), ValueError, "cache was made for"),
+    ("last cache float32", _replace(2, lambda cfg, cs: tblock.KVCache(cfg, 6, 2, np.float32)), TypeError,
+     "cache holds float32"),
+    ("middle cache for one sequence", _replace(1, lambda cfg, cs: tblock.KVCache(cfg, 6, 1, np.float64)),
+     ValueError, "cache holds 1 sequence"),
+    ("last cache nearly full", _replace(2, _short_cache), ValueError, "max_T=4 tokens, got 2 more"),
+    ("last cache empty", _replace(2, lambda cfg, cs: tblock.KVCache(cfg, 6, 2, np.float64)), ValueError,
+     "different lengths \\[3, 3, 0\\]"),
+]
+
+
+@pytest.mark.parametrize("change, error, match", [s[1:] for s in STACK_BAD], ids=[s[0] for s in STACK_BAD])
+def test_stack_with_a_bad_cache_list_changes_no_cache(change, error, match):
+    cfg, stack, H, caches = _stack_and_caches()
+    bad = change(cfg, caches)
+    every = [c for c in (bad if isinstance(bad, list) else [bad]) + caches if isinstance(c, tblock.KVCache)]
+    before = [snapshot(c) for c in every]
+    with pytest.raises(error, match=match):
+        stack(H[:, 3:5], cache=bad)
+    for c, snap in zip(every, before):
+        assert_unchanged(c, snap)
+
+
+def test_stack_nan_input_changes_no_cache():
+    cfg, stack, H, caches = _stack_and_caches()
+    before = [snapshot(c) for c in caches]
+    X = H[:, 3:5].copy()
+    X[0, 1, 1] = np.nan
+    with pytest.raises(ValueError, match="H must be finite, found nan"):
+        stack(X, cache=caches)
+    for c, snap in zip(caches, before):
+        assert_unchanged(c, snap)
+    assert rel_err(stack(H[:, 3:], cache=caches), stack(H)[:, 3:]) <= TOL[np.dtype(np.float64)]
