@@ -1,4 +1,4 @@
-"""Command line: ``tblock report``, ``tblock lesson``, ``tblock demo`` and ``tblock --version``
+"""Command line: ``tblock report``, ``tblock lesson``, ``tblock demo``, ``tblock generate`` and ``tblock --version``
 (also ``python -m tblock ...``)."""
 
 from __future__ import annotations
@@ -30,7 +30,86 @@ def build_parser() -> argparse.ArgumentParser:
     dem.add_argument("--port", type=int, default=8013, help="port on 127.0.0.1 (default 8013; 0 picks a free one)")
     dem.add_argument("--no-browser", action="store_true", help="print the URL without opening a browser")
     dem.add_argument("--export", metavar="DIR", help="write a static copy, every toggle precomputed, into DIR")
+    gen = sub.add_parser("generate", help="continue a prompt with a GPT-2 checkpoint (tblock.GPT2.generate)",
+                         description="Load a GPT-2 checkpoint directory (config.json + safetensors), continue "
+                                     "the prompt, print the ids (and the text, with a tokenizer.json); a "
+                                     "progress line with tokens/s goes to stderr.")
+    gen.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--ids", type=int, nargs="+", metavar="ID", help="the prompt as token ids")
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text: needs CHECKPOINT_DIR/tokenizer.json "
+                                                         "and the tokenizers package (pip install 'tblock-cpu[text]')")
+    gen.add_argument("-n", "--max-new-tokens", type=int, default=50, help="new tokens at most (default 50)")
+    gen.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
+    gen.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this probability")
+    gen.add_argument("--seed", type=int, help="seed of the draws (default: a fresh one, printed to repeat the run)")
+    gen.add_argument("--eos", type=int, metavar="ID", help="stop when this token comes (GPT-2's <|endoftext|> "
+                                                           "is 50256; default: never stop early)")
+    gen.add_argument("--backend", default=None, help="backend of the blocks (default numba)")
     return parser
+
+
+def run_generate(args) -> int:
+    """``tblock generate``: the ids (and text) on stdout, the progress line on stderr."""
+    import secrets
+    import time
+    from pathlib import Path
+
+    from .gpt2 import GPT2
+
+    root = Path(args.checkpoint)
+    tokenizer = None
+    if args.prompt is not None or (root / "tokenizer.json").is_file():
+        tokenizer = _tokenizer(root, needed=args.prompt is not None)
+    model = GPT2.from_pretrained(root)
+    ids = args.ids if args.prompt is None else tokenizer.encode(args.prompt).ids
+    if not ids:
+        raise ValueError(f"the prompt {args.prompt!r} encodes to no tokens")
+    seed = args.seed
+    if seed is None and args.temperature != 0:
+        seed = secrets.randbits(32)             # printed, so the run can be repeated
+    steps = model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=seed, eos_token_id=args.eos, backend=args.backend)
+    tty = sys.stderr.isatty()
+    new, start, first = [], time.perf_counter(), 0.0
+    for tok in steps:
+        new.append(tok)
+        elapsed = time.perf_counter() - start
+        if len(new) == 1:
+            first = elapsed                     # the prefill and the first token
+        elif tty:                               # redrawn in place on a terminal
+            rate = (len(new) - 1) / (elapsed - first)
+            sys.stderr.write(f"\r{len(new)}/{args.max_new_tokens} tokens, {rate:.1f} tokens/s")
+            sys.stderr.flush()
+    total = time.perf_counter() - start
+    # tokens/s of the one-token steps, after the first token
+    rate = f"{(len(new) - 1) / (total - first):.1f}" if len(new) > 1 else "-"
+    draws = "greedy" if args.temperature == 0 else f"seed {seed}"
+    sys.stderr.write(f"{chr(13) if tty else ''}{len(new)} tokens in {total:.2f} s: the prefill of {len(ids)} and "
+                     f"the first token {first * 1e3:.1f} ms, then {rate} tokens/s "
+                     f"({draws}, backend {args.backend or 'numba'})\n")
+    out = list(ids) + new
+    print(" ".join(str(i) for i in out))
+    if tokenizer is not None:
+        print(tokenizer.decode(out))
+    return 0
+
+
+def _tokenizer(root, needed: bool):
+    """CHECKPOINT_DIR/tokenizer.json through the tokenizers package; None when it is not
+    needed (ids given) and cannot be had; a clear error when it is needed."""
+    path = root / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(f"--prompt needs {path} (a Hugging Face tokenizers file); give --ids instead")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        if not needed:
+            return None
+        raise ValueError("--prompt needs the tokenizers package: pip install 'tblock-cpu[text]' "
+                         "(or pip install tokenizers)") from None
+    return Tokenizer.from_file(str(path))
 
 
 def main(argv=None) -> int:
@@ -48,6 +127,12 @@ def main(argv=None) -> int:
     if args.command == "demo":
         from .lesson.demo_server import main as demo_main
         return demo_main(args)
+    if args.command == "generate":
+        try:
+            return run_generate(args)
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            print(f"tblock generate: error: {e}", file=sys.stderr)
+            return 2
     return 1
 
 

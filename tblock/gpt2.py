@@ -2,6 +2,8 @@
 
     model = tblock.GPT2.from_pretrained("path/to/gpt2")   # config.json + *.safetensors
     logits = model(ids)        # ids (T,) -> (T, vocab); (B, T) -> (B, T, vocab); float32
+    out = model.generate(ids, 50, temperature=0)          # prompt + 50 greedy tokens
+    for tok in model.stream(ids, 50, temperature=0.8, top_k=40, seed=1): ...
 
 The model, as GPT-2 and Hugging Face's ``GPT2LMHeadModel`` compute it:
 
@@ -13,6 +15,12 @@ Each block is tblock's block with ``GPT2Config.block_config()``: BlockConfig(nor
 causal=True, activation="gelu_tanh" (GPT-2's gelu_new), ffn_bias, ln_affine, attn_bias),
 run by ``tblock.Stack`` on any backend.  The head is ``tblock.kernels.lm_head``: LN_f and
 a parallel GEMM over wte packed once into the micro-kernel's panels.
+
+Generation (``generate``, ``stream``): the prompt goes through the blocks as one chunk,
+filling a KVCache per block, then each new token is one cached step: its embedding at
+the next position, the 12 blocks over the cache, and the head on that one row (a GEMV
+over wte).  The next token is the argmax (temperature 0) or a draw from
+``next_token_probs`` (temperature, then top-k, then top-p, as transformers orders them).
 
 Checkpoint names (``transformer.`` prefix optional).  GPT-2's Conv1D stores its weight as
 (in, out), which is the lesson's row convention ``X @ W``, so nothing is transposed:
@@ -44,6 +52,7 @@ from . import _runtime
 from .api import Stack, get_backend
 from .backends import DEFAULT_BACKEND
 from .config import BlockConfig, _check_bool, _check_int
+from .kvcache import KVCache
 from .weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite
 
 # Hugging Face's activation names -> BlockConfig's; gelu_new and gelu_pytorch_tanh are both
@@ -473,36 +482,100 @@ class GPT2:
         out = np.stack(states)                      # (n_layer + 1, B, T, d)
         return out if np.ndim(ids) == 2 else out[:, 0]
 
-    def __call__(self, ids, backend: str | None = None) -> np.ndarray:
+    def __call__(self, ids, backend: str | None = None, cache: list[KVCache] | None = None) -> np.ndarray:
         """Logits: (T, vocab) for ids (T,), (B, T, vocab) for ids (B, T), in the model's dtype
         (float32 unless loaded as float64).  ``backend`` runs the blocks as in tblock.forward;
-        the head is the numba kernel on the numba backend, NumPy in float64 on the others."""
-        name = DEFAULT_BACKEND if backend is None else backend
-        get_backend(name)                       # a bad backend fails before any work
+        the head is the numba kernel on the numba backend, NumPy in float64 on the others.
+
+        With ``cache`` (``make_cache``), ids are the next tokens of sequences whose first
+        ``cache[0].length`` tokens the cache holds: they sit at the positions after those,
+        their keys and values are appended, and their logits are those of a call on the
+        whole sequence."""
+        name = self._cached_backend(backend) if cache is not None else self._backend(backend)
         ids2 = self._check_ids(ids)
-        H = self.stack(self._embed(ids2), backend=name)
+        if cache is None:
+            H = self.stack(self._embed(ids2), backend=name)
+        else:
+            H = self._forward_cached(ids2, cache, name)
         logits = self._logits(H, name)           # (B, T, vocab)
         return logits if np.ndim(ids) == 2 else logits[0]
 
-    def _logits(self, H: np.ndarray, backend: str) -> np.ndarray:
-        """LN_f(H) @ wte^T for H (B, T, d)."""
+    @staticmethod
+    def _backend(backend: str | None) -> str:
+        name = DEFAULT_BACKEND if backend is None else backend
+        get_backend(name)                       # a bad backend fails before any work
+        return name
+
+    @classmethod
+    def _cached_backend(cls, backend: str | None) -> str:
+        name = cls._backend(backend)
+        if getattr(get_backend(name), "forward_cached", None) is None:
+            raise ValueError(f"backend {name!r} has no KV-cache path: generation needs one "
+                             f"(numba and numpy have it)")
+        return name
+
+    # --------------------------------------------------------------- cached forward
+
+    def make_cache(self, max_T: int | None = None, batch: int = 1) -> list[KVCache]:
+        """Empty KV caches, one per block, for ``batch`` sequences of up to ``max_T`` tokens
+        (default n_positions) in the model's dtype: 2 * n_layer * max_T * n_embd values per
+        sequence, allocated here once."""
+        max_T = self.config.n_positions if max_T is None else _check_int("max_T", max_T, 1)
+        if max_T > self.config.n_positions:
+            raise ValueError(f"max_T must be <= n_positions={self.config.n_positions} (GPT-2 has no "
+                             f"position past that), got {max_T}")
+        return self.stack.make_cache(max_T, batch, self.dtype)
+
+    def _forward_cached(self, ids2: np.ndarray, cache: list[KVCache], backend: str) -> np.ndarray:
+        """h_N of the new tokens ids2 (B, T_new) after the cache's ``past`` ones: (B, T_new, d).
+        The stack checks every block's cache (config, dtype, batch, room) before writing any."""
+        if isinstance(cache, KVCache) or not isinstance(cache, (list, tuple)) or not cache:
+            raise TypeError(f"cache must be the list of KVCaches of model.make_cache(), got {type(cache).__name__}")
+        past = getattr(cache[0], "length", 0)
+        T_new = ids2.shape[1]
+        if past + T_new > self.config.n_positions:
+            raise ValueError(f"the cache holds {past} tokens; {T_new} more would pass n_positions="
+                             f"{self.config.n_positions}")
+        H = self.wte[ids2] + self.wpe[past:past + T_new]       # (B, T_new, d): positions past..past+T_new-1
+        return self.stack(H, backend=backend, cache=cache)
+
+    def next_logits(self, ids, cache: list[KVCache], backend: str | None = None, out=None) -> np.ndarray:
+        """The logits after the last of the new tokens ``ids`` only: (vocab,) for ids (T_new,),
+        (B, vocab) for (B, T_new).  As ``model(ids, cache=cache)[..., -1, :]``, with the head
+        run on that one row (a GEMV over wte).  ``out``: a (B, vocab) array of the model's
+        dtype to write them into, so a decoding loop allocates none per token."""
+        name = self._cached_backend(backend)
+        ids2 = self._check_ids(ids)
+        H = self._forward_cached(ids2, cache, name)
+        B = ids2.shape[0]
+        if out is not None and (not isinstance(out, np.ndarray) or out.shape != (B, self.config.vocab_size)
+                                or out.dtype != self.dtype or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
+                             f"{(B, self.config.vocab_size)}, got {getattr(out, 'shape', type(out).__name__)}")
+        logits = self._logits(H[:, -1:], name, None if out is None else out[:, None])   # (B, 1, vocab)
+        return logits[:, 0] if np.ndim(ids) == 2 else logits[0, 0]
+
+    def _logits(self, H: np.ndarray, backend: str, out: np.ndarray | None = None) -> np.ndarray:
+        """LN_f(H) @ wte^T for H (B, T, d), into ``out`` (B, T, vocab) when given."""
         B, T, d = H.shape
         vocab = self.config.vocab_size
         eps = self.config.layer_norm_epsilon
+        if out is None:
+            out = np.empty((B, T, vocab), dtype=self.dtype)
         if backend != "numba":
             # the reference head for the reference backends, in float64
             X = H.astype(np.float64)
             mu = X.mean(axis=-1, keepdims=True)
             var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
             Xn = (X - mu) / np.sqrt(var + eps) * self.ln_f[:d] + self.ln_f[d:]
-            return (Xn @ self.wte.T.astype(np.float64)).astype(self.dtype)
+            out[...] = Xn @ self.wte.T.astype(np.float64)
+            return out
         from .backends.numba import parallel_call
         from .kernels.lm_head import head_parallel, head_serial, pack_head
         if self._head is None:
             self._head = pack_head(self.wte, self.dtype)
         rows = B * T
         X = np.ascontiguousarray(H, dtype=self.dtype).reshape(rows * d)     # (B*T*d,) flat rows
-        out = np.empty((B, T, vocab), dtype=self.dtype)
         flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
         if 2 * rows * d * vocab < HEAD_PARALLEL_MIN_FLOPS or _runtime._threads == 1 or _runtime._serial_only:
             head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, 1)
@@ -514,3 +587,161 @@ class GPT2:
         """Parameters, the tied head counted once (as config.param_count())."""
         blocks = sum(a.size for b in self.blocks for a in b.arrays().values())
         return self.wte.size + self.wpe.size + blocks + self.ln_f.size
+
+    # --------------------------------------------------------------- generation
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed=None, eos_token_id: int | None = None,
+                 backend: str | None = None) -> np.ndarray:
+        """The prompt followed by up to ``max_new_tokens`` new tokens, as transformers'
+        generate returns them: (T + n,) for ids (T,), (B, T + n) for ids (B, T), int64.
+
+        temperature 0 is greedy (the argmax; top_k and top_p do not apply); otherwise each
+        token is drawn from ``next_token_probs(logits, temperature, top_k, top_p)`` with
+        ``np.random.default_rng(seed)``, so a seed repeats a run.  A sequence that produces
+        ``eos_token_id`` emits it from then on (transformers pads with pad_token_id, GPT-2's
+        being its eos), and generation stops once every sequence has (n < max_new_tokens).
+        The prompt runs through the blocks as one chunk, then each token is one cached step."""
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        n = 0
+        for n in steps:
+            pass
+        out = out[:, :T + n]
+        return out if np.ndim(ids) == 2 else out[0]
+
+    def stream(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed=None, eos_token_id: int | None = None,
+               backend: str | None = None):
+        """``generate`` one token at a time: an iterator yielding each new token as an int
+        for ids (T,), or the (B,) array of the step's tokens for ids (B, T).  The arguments
+        are checked here, before the first token is asked for."""
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        if np.ndim(ids) == 2:
+            return (out[:, T + n - 1].copy() for n in steps)
+        return (int(out[0, T + n - 1]) for n in steps)
+
+    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend):
+        """Every argument checked, the output buffer (B, T + max_new_tokens) holding the prompt,
+        and the decoding loop (not started): (out, T, steps)."""
+        ids2 = self._check_ids(ids)
+        B, T = ids2.shape
+        name = self._cached_backend(backend)
+        c = self.config
+        max_new = _check_int("max_new_tokens", max_new_tokens, 0)
+        if T + max_new > c.n_positions:
+            raise ValueError(f"max_new_tokens={max_new} after T={T} prompt tokens passes n_positions="
+                             f"{c.n_positions} (GPT-2's context): at most {c.n_positions - T}")
+        temperature = _check_temperature(temperature)
+        top_k, top_p = _check_filters(top_k, top_p)
+        if eos_token_id is not None:
+            eos_token_id = _check_int("eos_token_id", eos_token_id, 0)
+            if eos_token_id >= c.vocab_size:
+                raise ValueError(f"eos_token_id must be a token id in [0, vocab_size={c.vocab_size}), "
+                                 f"got {eos_token_id}")
+        rng = _rng(seed)
+        if temperature == 0.0:
+            def pick(logits):               # (B, vocab) -> (B,): the first of equal maxima
+                return logits.argmax(axis=-1)
+        else:
+            def pick(logits):
+                return draw(next_token_probs(logits, temperature, top_k, top_p), rng)
+        out = np.empty((B, T + max_new), dtype=np.int64)    # prompt + new tokens, allocated once
+        out[:, :T] = ids2
+        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name)
+
+    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str):
+        """The decoding loop: fills out[:, T + n] for n = 0, 1, ... and yields n + 1 after
+        each.  The prompt out[:, :T] is one chunk through the blocks; every later step feeds
+        the token just chosen.  Caches and logits are allocated once, before the loop."""
+        if max_new == 0:
+            return
+        B = out.shape[0]
+        cache = self.make_cache(T + max_new - 1, B)     # the last new token is never fed back
+        logits = np.empty((B, self.config.vocab_size), dtype=self.dtype)
+        done = np.zeros(B, dtype=bool)
+        chunk = out[:, :T]                  # (B, T): the prompt, then (B, 1) per step
+        for n in range(max_new):
+            self.next_logits(chunk, cache, backend, out=logits)
+            tok = pick(logits)              # (B,)
+            if eos is not None:
+                tok = np.where(done, eos, tok)      # a finished sequence keeps emitting eos
+                done |= tok == eos
+            out[:, T + n] = tok
+            yield n + 1
+            if eos is not None and done.all():
+                return
+            chunk = out[:, T + n:T + n + 1]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def next_token_probs(logits, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None) -> np.ndarray:
+    """The distribution the next token is drawn from, in float64, for logits (vocab,) or
+    (B, vocab), in transformers' order:
+
+      1. temperature: logits / temperature;
+      2. top_k: only the k largest logits stay (ties with the k-th stay too);
+      3. softmax over what stays;
+      4. top_p: only the smallest set of most probable tokens whose probability sums to at
+         least top_p stays (a token stays if the tokens more probable than it hold less
+         than top_p; the most probable always stays), renormalised."""
+    temperature = _check_temperature(temperature)
+    if temperature == 0.0:
+        raise ValueError("temperature must be > 0 for a distribution (temperature 0 is greedy: the argmax)")
+    top_k, top_p = _check_filters(top_k, top_p)
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[..., -top_k, None]      # (..., 1): the k-th largest
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")                 # most probable first
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(sorted_p, axis=-1) - sorted_p               # mass of the more probable ones
+        drop = np.empty(p.shape, dtype=bool)
+        np.put_along_axis(drop, order, before >= top_p, axis=-1)
+        p = np.where(drop, 0.0, p)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of p (B, vocab), by inverse CDF with one uniform draw per row:
+    the first token whose cumulative probability passes u * total (a token of probability 0
+    is never drawn)."""
+    c = np.cumsum(p, axis=-1)                               # (B, vocab)
+    u = rng.random(p.shape[0]) * c[:, -1]                   # (B,) in [0, total)
+    return np.minimum((c <= u[:, None]).sum(axis=-1), p.shape[-1] - 1)
+
+
+def _check_temperature(temperature) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__} {temperature!r}")
+    if not 0.0 <= float(temperature) < math.inf:
+        raise ValueError(f"temperature must be >= 0 and finite (0 is greedy), got {temperature!r}")
+    return float(temperature)
+
+
+def _check_filters(top_k, top_p) -> tuple[int | None, float | None]:
+    if top_k is not None:
+        top_k = _check_int("top_k", top_k, 1)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+            raise TypeError(f"top_p must be a real number in (0, 1], got {type(top_p).__name__} {top_p!r}")
+        if not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        top_p = float(top_p)
+    return top_k, top_p
+
+
+def _rng(seed) -> np.random.Generator:
+    """np.random.default_rng(seed) for seed None (fresh entropy) or an integer >= 0; a
+    Generator is used as it is (its stream goes on)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is not None:
+        _check_int("seed", seed, 0)
+    return np.random.default_rng(seed)

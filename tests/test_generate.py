@@ -1,0 +1,377 @@
+"""GPT2.generate / stream, the sampling distribution and ``tblock generate``.
+
+Expected values come from elsewhere than the decoding loop under test: greedy tokens from
+the argmax of the full forward pass (``model(ids)`` on the whole sequence, no cache) at
+every step; the sampling distribution from a loop over sorted logits written here; the
+CLI's ids from the Python API.  The checkpoints are test_gpt2's (random weights of a
+trained model's scale, so the greedy continuation does not just repeat a token).
+transformers' own generate is the peer in tests/interop/test_generate_transformers.py.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+from test_gpt2 import hf_config, random_tensors, rel_err, write_checkpoint
+
+from tblock import GPT2
+from tblock.cli import main as cli_main
+from tblock.gpt2 import draw, next_token_probs
+
+VOCAB, N_POS, D, LAYERS, HEADS = 101, 48, 32, 2, 4
+SHAPE = dict(vocab_size=VOCAB, n_positions=N_POS, n_embd=D, n_layer=LAYERS, n_head=HEADS)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """test_gpt2's random checkpoint with the position embedding 4x larger: with the tied
+    head, a greedy GPT-2 of random weights soon repeats one token; strong positions make
+    every step's input differ, so the continuations change (8-15 distinct tokens in 40)."""
+    root = tmp_path_factory.mktemp("gen") / "ckpt"
+    tensors = random_tensors(np.random.default_rng(18), VOCAB, N_POS, D, LAYERS)
+    tensors["transformer.wpe.weight"] *= 4
+    write_checkpoint(root, tensors, hf_config(**SHAPE))
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    return GPT2.from_pretrained(ckpt)
+
+
+def greedy_by_recomputation(model, ids, n, backend):
+    """n greedy tokens, each the argmax of the last row of model(whole sequence so far)."""
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(model(np.array(seq), backend=backend)[-1].argmax()))
+    return np.array(seq)
+
+
+# ----------------------------------------------------------------------------- cached forward
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_cached_logits_equal_the_full_forward(ckpt, backend, dtype, tol):
+    """model(chunk, cache=) for chunks of every size gives the rows of model(whole sequence)."""
+    model = GPT2.from_pretrained(ckpt, dtype=dtype)
+    ids = np.random.default_rng(3).integers(0, VOCAB, (2, 20))
+    full = model(ids, backend=backend)                              # (2, 20, vocab)
+    for chunks in ([20], [1] * 20, [7, 1, 5, 7], [3, 17]):
+        cache = model.make_cache(20, batch=2)
+        got, at = [], 0
+        for n in chunks:
+            got.append(model(ids[:, at:at + n], backend=backend, cache=cache))
+            at += n
+        assert cache[0].length == 20
+        assert rel_err(np.concatenate(got, axis=1), full) <= tol, (backend, chunks)
+    cache = model.make_cache(20)
+    last = model.next_logits(ids[0, :12], cache, backend=backend)   # (vocab,)
+    assert last.shape == (VOCAB,) and last.dtype == dtype
+    assert rel_err(last, full[0, 11]) <= tol
+
+
+def test_cache_errors(model, ckpt):
+    cache = model.make_cache(8)
+    with pytest.raises(ValueError, match="cache holds 0 of max_T=8 tokens, got 9 more"):
+        model(np.arange(9), cache=cache)
+    assert cache[0].length == 0                     # a refused call leaves it as it was
+    with pytest.raises(ValueError, match="max_T must be <= n_positions=48"):
+        model.make_cache(49)
+    with pytest.raises(TypeError, match="cache must be the list of KVCaches"):
+        model(np.arange(3), cache=cache[0])
+    with pytest.raises(ValueError, match="cache holds 1 sequence"):
+        model(np.zeros((2, 3), int), cache=cache)
+    wide = GPT2.from_pretrained(ckpt, dtype=np.float64).make_cache(8)
+    with pytest.raises(TypeError, match="cache holds float64"):
+        model(np.arange(3), cache=wide)
+    full = model.make_cache()
+    model(np.arange(40), cache=full)
+    with pytest.raises(ValueError, match="the cache holds 40 tokens; 9 more would pass n_positions=48"):
+        model(np.arange(9), cache=full)
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
+        model.next_logits([1], full, out=np.empty((1, VOCAB)))
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5])
+def test_greedy_equals_the_argmax_of_full_recomputation(model, backend, prompt_len):
+    ids = np.random.default_rng(prompt_len).integers(0, VOCAB, prompt_len)
+    n = 30
+    expected = greedy_by_recomputation(model, ids, n, backend)
+    assert len(set(expected[prompt_len:].tolist())) > 3     # a real continuation, not one token repeated
+    out = model.generate(ids, n, temperature=0, backend=backend)
+    assert out.dtype == np.int64 and out.shape == (prompt_len + n,)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_greedy_float64_model_to_the_last_position(ckpt):
+    """A float64 model; the prompt plus the new tokens fill n_positions exactly."""
+    model = GPT2.from_pretrained(ckpt, dtype=np.float64)
+    ids = np.array([4, 8, 15, 16, 23, 42])
+    out = model.generate(ids, N_POS - len(ids), temperature=0.0)
+    np.testing.assert_array_equal(out, greedy_by_recomputation(model, ids, N_POS - len(ids), "numba"))
+
+
+def test_batched_generate_equals_each_sequence_alone(model, backend):
+    ids = np.random.default_rng(5).integers(0, VOCAB, (3, 6))
+    out = model.generate(ids, 12, temperature=0, backend=backend)
+    assert out.shape == (3, 18)
+    for b in range(3):
+        np.testing.assert_array_equal(out[b], model.generate(ids[b], 12, temperature=0, backend=backend))
+
+
+def test_stream_yields_what_generate_returns(model):
+    ids = np.array([3, 1, 4, 1, 5])
+    toks = list(model.stream(ids, 15, temperature=0))
+    assert all(type(t) is int for t in toks)
+    np.testing.assert_array_equal(np.concatenate([ids, toks]), model.generate(ids, 15, temperature=0))
+    batch = np.stack([ids, ids[::-1]])
+    steps = list(model.stream(batch, 9, temperature=0.7, top_k=20, seed=4))
+    assert len(steps) == 9 and all(s.shape == (2,) for s in steps)
+    np.testing.assert_array_equal(np.concatenate([batch, np.stack(steps, axis=1)], axis=1),
+                                  model.generate(batch, 9, temperature=0.7, top_k=20, seed=4))
+
+
+def test_zero_new_tokens_returns_the_prompt(model):
+    np.testing.assert_array_equal(model.generate([7, 8], 0), [7, 8])
+    assert list(model.stream([7, 8], 0)) == []
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def test_sampling_with_a_seed_is_reproducible(model):
+    ids = np.array([2, 7, 1, 8])
+    a = model.generate(ids, 25, temperature=1.0, seed=123)
+    np.testing.assert_array_equal(a, model.generate(ids, 25, seed=123))
+    b = model.generate(ids, 25, seed=124)
+    assert not np.array_equal(a, b)
+    assert not np.array_equal(a, model.generate(ids, 25, temperature=0))
+    # a Generator is used as it is: its stream goes on, so two calls differ
+    g = np.random.default_rng(123)
+    np.testing.assert_array_equal(model.generate(ids, 25, seed=g), a)
+    assert not np.array_equal(model.generate(ids, 25, seed=g), a)
+
+
+def test_top_k_1_and_a_tiny_top_p_are_greedy(model):
+    ids = np.array([9, 9, 2])
+    greedy = model.generate(ids, 20, temperature=0)
+    np.testing.assert_array_equal(model.generate(ids, 20, temperature=1.3, top_k=1, seed=0), greedy)
+    np.testing.assert_array_equal(model.generate(ids, 20, temperature=0.5, top_p=1e-9, seed=0), greedy)
+
+
+def test_samples_come_from_the_filtered_distribution(model):
+    """Every sampled token was allowed by top_k at its step: it is among the k largest
+    logits of the full forward pass over the sequence before it."""
+    ids = np.array([10, 20, 30])
+    out = model.generate(ids, 20, temperature=1.5, top_k=3, seed=9)
+    for t in range(3, 23):
+        logits = model(out[:t])[-1]
+        assert out[t] in np.argsort(-logits)[:3], t
+
+
+def reference_probs(logits, temperature, top_k, top_p):
+    """The sampling distribution by a loop over the tokens in order of decreasing logit."""
+    z = np.array(logits, np.float64) / temperature
+    order = sorted(range(len(z)), key=lambda i: -z[i])
+    keep = list(order)
+    if top_k is not None and top_k < len(z):
+        kth = z[order[top_k - 1]]
+        keep = [i for i in order if z[i] >= kth]            # ties with the k-th stay
+    p = np.zeros(len(z))
+    e = np.exp(z[keep] - z[keep].max())
+    p[keep] = e / e.sum()
+    if top_p is not None and top_p < 1:
+        chosen, mass = [], 0.0
+        for i in keep:                                      # most probable first
+            chosen.append(i)
+            mass += p[i]
+            if mass >= top_p:
+                break
+        q = np.zeros(len(z))
+        q[chosen] = p[chosen] / p[chosen].sum()
+        p = q
+    return p
+
+
+LOGITS = np.array([2.0, -1.0, 0.5, 3.0, 0.5, 1.0, -3.0, 2.5, 0.0, 0.5], np.float32)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, None, None), (0.5, None, None), (2.0, None, None), (1.0, 3, None), (1.0, 4, None),
+    (0.7, 7, None), (1.0, None, 0.5), (1.0, None, 0.9), (1.3, None, 0.99), (1.0, 5, 0.8),
+    (0.8, 2, 0.3), (1.0, 10, 1.0), (1.0, 50, None), (1.0, 1, 0.5)])
+def test_next_token_probs_against_a_loop(temperature, top_k, top_p):
+    got = next_token_probs(LOGITS, temperature, top_k, top_p)
+    assert got.dtype == np.float64 and got.shape == LOGITS.shape
+    np.testing.assert_allclose(got, reference_probs(LOGITS, temperature, top_k, top_p), rtol=1e-12, atol=1e-15)
+
+
+def test_next_token_probs_fixed_values():
+    """Hand-checked cases: top_k=4 keeps 3.0, 2.5, 2.0 and 1.0; top_k=6 reaches the three
+    tied 0.5s and keeps all of them (7 tokens)."""
+    assert np.count_nonzero(next_token_probs(LOGITS, 1.0, 4)) == 4
+    assert np.count_nonzero(next_token_probs(LOGITS, 1.0, 6)) == 7
+    # top_p: 3.0 alone holds e^3 / sum; with 2.5 and 2.0 the first three hold more than 0.8
+    p = np.exp(LOGITS.astype(np.float64)) / np.exp(LOGITS.astype(np.float64)).sum()
+    assert p[3] < 0.5 < p[3] + p[7]
+    np.testing.assert_array_equal(np.flatnonzero(next_token_probs(LOGITS, 1.0, None, 0.5)), [3, 7])
+    batch = np.stack([LOGITS, LOGITS[::-1]])
+    got = next_token_probs(batch, 1.0, 3, 0.9)                      # (B, vocab), row by row
+    np.testing.assert_allclose(got[1], reference_probs(LOGITS[::-1], 1.0, 3, 0.9), rtol=1e-12)
+
+
+def test_draw_follows_the_distribution():
+    p = next_token_probs(LOGITS, 1.0, 6)
+    rng = np.random.default_rng(0)
+    n = 200_000
+    toks = draw(np.broadcast_to(p, (n, len(p))), rng)
+    counts = np.bincount(toks, minlength=len(p))
+    assert counts[p == 0].sum() == 0                                # filtered tokens never come
+    sigma = np.sqrt(n * p * (1 - p))
+    assert np.all(np.abs(counts - n * p) <= 5 * sigma + 1)
+
+
+# ----------------------------------------------------------------------------- eos
+
+
+def test_eos_stops_early_and_pads(model):
+    ids = np.array([[5, 6, 7], [40, 41, 42]])
+    free = model.generate(ids, 20, temperature=0)
+    eos = int(free[0, 3 + 4])                   # sequence 0's 5th new token
+    first = lambda row: int(np.flatnonzero(row[3:] == eos)[0]) if (row[3:] == eos).any() else None   # noqa: E731
+    f0, f1 = first(free[0]), first(free[1])
+    out = model.generate(ids, 20, temperature=0, eos_token_id=eos)
+    # sequence 0 ends at its first eos and is padded with eos; sequence 1 runs until its own
+    np.testing.assert_array_equal(out[0, :3 + f0 + 1], free[0, :3 + f0 + 1])
+    assert (out[0, 3 + f0:] == eos).all()
+    n_new = 20 if f1 is None else f1 + 1
+    assert out.shape == (2, 3 + max(f0 + 1, n_new))
+    np.testing.assert_array_equal(out[1], free[1, :out.shape[1]])
+    single = model.generate(ids[0], 20, temperature=0, eos_token_id=eos)
+    np.testing.assert_array_equal(single, free[0, :3 + f0 + 1])     # stops right after eos
+    assert list(model.stream(ids[0], 20, temperature=0, eos_token_id=eos)) == single[3:].tolist()
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_argument_errors(model):
+    g = model.generate
+    with pytest.raises(TypeError, match="max_new_tokens must be an integer, got float"):
+        g([1], 2.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0, got -1"):
+        g([1], -1)
+    with pytest.raises(ValueError, match="max_new_tokens=46 after T=3 prompt tokens passes n_positions=48"):
+        g([1, 2, 3], 46)
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        g([1], 2, temperature=-0.1)
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        g([1], 2, temperature=float("nan"))
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        g([1], 2, temperature=float("inf"))
+    with pytest.raises(TypeError, match="temperature must be a real number, got str"):
+        g([1], 2, temperature="hot")
+    with pytest.raises(ValueError, match="top_k must be >= 1, got 0"):
+        g([1], 2, top_k=0)
+    with pytest.raises(TypeError, match="top_k must be an integer, got float"):
+        g([1], 2, top_k=2.5)
+    for bad in (0, 0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+            g([1], 2, top_p=bad)
+    with pytest.raises(TypeError, match="top_p must be a real number"):
+        g([1], 2, top_p=True)
+    with pytest.raises(ValueError, match=r"eos_token_id must be a token id in \[0, vocab_size=101\), got 101"):
+        g([1], 2, eos_token_id=101)
+    with pytest.raises(ValueError, match="eos_token_id must be >= 0"):
+        g([1], 2, eos_token_id=-1)
+    with pytest.raises(ValueError, match="seed must be >= 0, got -5"):
+        g([1], 2, seed=-5)
+    with pytest.raises(TypeError, match="seed must be an integer, got str"):
+        g([1], 2, seed="abc")
+    with pytest.raises(TypeError, match="seed must be an integer, got bool"):
+        g([1], 2, seed=True)
+    with pytest.raises(ValueError, match=r"token ids in \[0, vocab_size=101\)"):
+        g([1, 101], 2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        g([1], 2, backend="gpu")
+    with pytest.raises(ValueError, match="backend 'torch' has no KV-cache path"):
+        g([1], 2, backend="torch")
+    # stream checks its arguments when called, before the first token is asked for
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        model.stream([1], 2, top_k=0)
+    with pytest.raises(ValueError, match="temperature must be > 0 for a distribution"):
+        next_token_probs(LOGITS, 0.0)
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def run_cli(capsys, *args):
+    code = cli_main(["generate", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_ids(ckpt, model, capsys):
+    code, out, err = run_cli(capsys, ckpt, "--ids", 1, 2, 3, "-n", 12, "--temperature", 0)
+    assert code == 0
+    expected = model.generate([1, 2, 3], 12, temperature=0)
+    assert out.split() == [str(i) for i in expected]
+    assert "12 tokens" in err and "tokens/s" in err
+    code, out, err = run_cli(capsys, ckpt, "--ids", 4, 5, "-n", 10, "--top-k", 5, "--top-p", 0.9,
+                             "--temperature", 0.8, "--seed", 7, "--backend", "numpy")
+    assert code == 0
+    assert out.split() == [str(i) for i in model.generate([4, 5], 10, temperature=0.8, top_k=5, top_p=0.9,
+                                                          seed=7, backend="numpy")]
+    eos = int(expected[3 + 4])
+    code, out, err = run_cli(capsys, ckpt, "--ids", 1, 2, 3, "-n", 12, "--temperature", 0, "--eos", eos)
+    assert [int(x) for x in out.split()] == model.generate([1, 2, 3], 12, temperature=0, eos_token_id=eos).tolist()
+
+
+def test_cli_errors(ckpt, tmp_path, capsys):
+    code, out, err = run_cli(capsys, ckpt, "--ids", 1, 200, "-n", 3)
+    assert code == 2 and "tblock generate: error:" in err and "vocab_size=101" in err
+    code, out, err = run_cli(capsys, tmp_path / "nowhere", "--ids", 1, "-n", 3)
+    assert code == 2 and "does not exist" in err
+    code, out, err = run_cli(capsys, ckpt, "--prompt", "hello", "-n", 3)
+    assert code == 2 and "tokenizer.json" in err
+    with pytest.raises(SystemExit):                  # argparse: --ids or --prompt, exactly one
+        cli_main(["generate", str(ckpt), "-n", "3"])
+    capsys.readouterr()
+
+
+WORDS = [f"w{i}" for i in range(VOCAB - 1)] + ["[UNK]"]
+
+
+@pytest.fixture
+def text_ckpt(ckpt, tmp_path):
+    """The checkpoint with a word-level tokenizer.json of VOCAB words (w0 ... w99, [UNK])."""
+    tokenizers = pytest.importorskip("tokenizers", reason="the text extra (tokenizers) is not installed")
+    root = tmp_path / "text"
+    root.mkdir()
+    for f in ckpt.iterdir():
+        (root / f.name).write_bytes(f.read_bytes())
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece()      # joins the words with spaces
+    tok.save(str(root / "tokenizer.json"))
+    return root
+
+
+def test_cli_prompt_with_a_tokenizer(text_ckpt, model, capsys):
+    code, out, err = run_cli(capsys, text_ckpt, "--prompt", "w5 w17 w3", "-n", 8, "--temperature", 0)
+    assert code == 0, err
+    expected = model.generate([5, 17, 3], 8, temperature=0)
+    lines = out.strip().splitlines()
+    assert lines[0].split() == [str(i) for i in expected]
+    assert lines[1] == " ".join(WORDS[i] for i in expected)
+
+
+def test_cli_prompt_without_tokenizers_says_what_to_install(text_ckpt, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)        # import tokenizers now fails
+    code, out, err = run_cli(capsys, text_ckpt, "--prompt", "w5", "-n", 2)
+    assert code == 2 and "pip install 'tblock-cpu[text]'" in err
+
