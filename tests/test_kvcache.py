@@ -153,6 +153,29 @@ def test_long_prefill(backend, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_wide_batch(backend, dtype, monkeypatch):
+    """8 sequences at d_model=128: even one-token steps are over the numba backend's
+    PARALLEL_MIN_FLOPS, so its parallel build runs the cached path (with more than one thread)."""
+    cfg = tblock.BlockConfig(d_model=128, n_heads=4, d_ff=512, norm="pre", ffn_bias=True, ln_affine=True,
+                             attn_bias=True)
+    T, B = 10, 8
+    w = random_weights(cfg, seed=12, dtype=dtype)
+    H = sequences(cfg, B, T, dtype)
+    full = tblock.forward(H, w, cfg, backend=backend)
+    parallel = []
+    if backend == "numba":
+        from tblock.backends import numba as numba_backend
+        run_parallel = numba_backend.parallel_call
+        monkeypatch.setattr(numba_backend, "parallel_call", lambda *a, **k: parallel.append(1) or run_parallel(*a, **k))
+    cache = tblock.KVCache(cfg, max_T=T, batch=B, dtype=dtype)
+    got = decode(forward_with(w, cfg, backend), H, cache, [4, 1, 1, 3, 1])
+    assert rel_err(got, full) <= TOL[np.dtype(dtype)]
+    if backend == "numba" and tblock.get_num_threads() > 1:
+        assert len(parallel) == 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_two_dimensional_input(backend, dtype):
     cfg = CASES["pre-all-biases-dk2"]
     w = random_weights(cfg, seed=2, dtype=dtype)
