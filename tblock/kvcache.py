@@ -69,7 +69,7 @@ class KVCache:
         dtype and batch, and room for T_new more tokens. Nothing is changed."""
         if cfg != self.cfg:
             raise ValueError(f"cache was made for {self.cfg}, got a block with {cfg}")
-        if H3.dtype != self.dtype:
+        if H3.dtype.newbyteorder("=") != self.dtype:     # forward converts the byte order itself
             raise TypeError(f"cache holds {self.dtype}, got H of dtype {H3.dtype}: "
                             f"make the cache with dtype=np.{H3.dtype}")
         B, T_new = H3.shape[0], H3.shape[1]

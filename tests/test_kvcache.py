@@ -257,6 +257,20 @@ def test_stack_with_caches_equals_full_stack(backend, dtype):
         assert rel_err(np.concatenate(outs, axis=1), full) <= TOL[np.dtype(dtype)], schedule
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_big_endian_input_through_cached_block_and_stack(backend):
+    # data read from a file may be big-endian: forward converts it, and the cache checks
+    # the dtype, not the byte order
+    cfg = CASES["pre-all-biases-dk2"]
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=20 + l, dtype=np.float64) for l in range(2)],
+                         backend=backend)
+    H = sequences(cfg, 1, 5, np.float64)
+    caches = stack.make_cache(max_T=5, dtype=np.float64)
+    got = np.concatenate([stack(H[:, :3].astype(">f8"), cache=caches),
+                          stack(H[:, 3:].astype(">f8"), cache=caches)], axis=1)
+    assert rel_err(got, stack(H)) <= TOL[np.dtype(np.float64)]
+
+
 # ---------------------------------------------------------------------------------------
 # errors: clear messages, and no cache changed
 
