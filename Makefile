@@ -87,3 +87,12 @@ bench-peers: $(BIN)/python
 bench-gpt2: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
 	$(BIN)/python bench/bench_gpt2.py $(GPT2_ARGS)
+
+# decoding with the KV cache, GPT-2-small shape: the step at contexts 128 and 1024 against
+# transformers' cached step and the memory-bandwidth floor (measured in the same run), the
+# prefill of 1024 tokens, the caches' memory (minutes; not in `make test`); DECODE_ARGS adds
+# options, e.g. DECODE_ARGS="--json decode.json"
+.PHONY: bench-decode
+bench-decode: install-test
+	$(BIN)/python -m pip install --quiet -e ".[interop]"
+	$(BIN)/python bench/bench_decode.py $(DECODE_ARGS)

@@ -3,6 +3,8 @@ no memory traffic, the ceiling any kernel could reach at the clock the cores rea
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .timing import seconds
@@ -79,3 +81,84 @@ def nominal_peak(threads):
     except (OSError, ValueError):
         return None, None
     return threads * mhz * 1e6 * 2 * (isa.PATH.vector_bytes // 4) * 2 / 1e9, mhz
+
+
+# ----------------------------------------------------------------------------- memory bandwidth
+# Decoding one token streams every weight once, so its floor is weight bytes / read
+# bandwidth.  The kernels below stream a buffer far larger than the last-level cache with
+# tblock's vector loads on every thread, each thread over one contiguous part of it.
+
+_STREAM = {}
+
+
+def _stream_kernels():
+    """(read, copy), compiled on first use.  read: 8 independent sums of vector loads per
+    thread (one chain's add latency would hold a core to a few GB/s, as a plain float32
+    reduction loop that Numba does not vectorise does); copy: vector loads and stores."""
+    if not _STREAM:
+        from numba import njit, prange
+
+        from ..kernels.simd import lanes, vadd, vhsum, vload, vsplat, vstore
+
+        @njit(parallel=True)
+        def read(a, out, nthreads):
+            L = lanes(a)
+            step = 8 * L
+            per = a.size // nthreads // step * step         # each thread's part, whole steps
+            for t in prange(nthreads):
+                c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = vsplat(a, 0.0)
+                for i in range(t * per, (t + 1) * per, step):
+                    c0 = vadd(c0, vload(a, i))
+                    c1 = vadd(c1, vload(a, i + L))
+                    c2 = vadd(c2, vload(a, i + 2 * L))
+                    c3 = vadd(c3, vload(a, i + 3 * L))
+                    c4 = vadd(c4, vload(a, i + 4 * L))
+                    c5 = vadd(c5, vload(a, i + 5 * L))
+                    c6 = vadd(c6, vload(a, i + 6 * L))
+                    c7 = vadd(c7, vload(a, i + 7 * L))
+                out[t] = vhsum(vadd(vadd(vadd(c0, c1), vadd(c2, c3)), vadd(vadd(c4, c5), vadd(c6, c7))))
+            return nthreads * per
+
+        @njit(parallel=True)
+        def copy(src, dst, nthreads):
+            L = lanes(src)
+            step = 4 * L
+            per = src.size // nthreads // step * step
+            for t in prange(nthreads):
+                for i in range(t * per, (t + 1) * per, step):
+                    vstore(dst, i, vload(src, i))
+                    vstore(dst, i + L, vload(src, i + L))
+                    vstore(dst, i + 2 * L, vload(src, i + 2 * L))
+                    vstore(dst, i + 3 * L, vload(src, i + 3 * L))
+            return nthreads * per
+
+        _STREAM.update(read=read, copy=copy)
+    return _STREAM["read"], _STREAM["copy"]
+
+
+def memory_bandwidth(threads: int, nbytes: int = 1 << 30, runs: int = 10) -> dict:
+    """Read and copy bandwidth of main memory in GB/s (1e9 bytes/s) on ``threads`` threads,
+    run as tblock's parallel calls are (parallel_call).  read: one pass summing a float32
+    buffer of ``nbytes`` (default 1 GiB, far past any L3); copy: its first half into its
+    second, counting the bytes read plus the bytes written (STREAM's convention; the
+    write-allocate reads are not counted).  Best and median of ``runs`` passes each,
+    after one untimed pass that touches every page."""
+    from ..backends.numba import parallel_call
+    read, copy = _stream_kernels()
+    a = np.ones(nbytes // 4, np.float32)            # written here: every page is touched now
+    out = np.empty(threads, np.float32)
+    half = a.size // 2
+    src, dst = a[:half], a[half:2 * half]
+    parallel_call(read, a, out, threads)
+    parallel_call(copy, src, dst, threads)
+    reads, copies = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        n = parallel_call(read, a, out, threads)
+        reads.append(4 * n / (time.perf_counter() - t0) / 1e9)
+        t0 = time.perf_counter()
+        n = parallel_call(copy, src, dst, threads)
+        copies.append(2 * 4 * n / (time.perf_counter() - t0) / 1e9)
+    return {"read_GBs": max(reads), "read_median_GBs": float(np.median(reads)), "copy_GBs": max(copies),
+            "copy_median_GBs": float(np.median(copies)), "buffer_bytes": int(a.nbytes), "threads": threads,
+            "runs": runs}
