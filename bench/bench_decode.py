@@ -49,7 +49,6 @@ from pathlib import Path
 
 import numpy as np
 
-import tblock
 from tblock import peers, perf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,5 +1,7 @@
-"""The float32 FMA peak at tblock's vector width: independent FMA chains on every thread,
-no memory traffic, the ceiling any kernel could reach at the clock the cores really run."""
+"""The machine's ceilings, measured: the float32 FMA peak at tblock's vector width
+(independent FMA chains on every thread, no memory traffic: the ceiling any kernel could
+reach at the clock the cores really run), and main memory's read and copy bandwidth (the
+ceiling of a pass that streams more data than the caches hold, such as a decode step)."""
 
 from __future__ import annotations
 
