@@ -15,6 +15,8 @@ import pytest
 
 import tblock
 
+from conftest import rel_err
+
 BACKENDS = tblock.available_backends()
 GPT2_SMALL = tblock.BlockConfig(d_model=768, n_heads=12, ffn_bias=True, ln_affine=True, attn_bias=True)
 
@@ -35,15 +37,11 @@ def example():
     return ex, cfg
 
 
-def rel(a, b):
-    return np.abs(a - b).max() / np.abs(b).max()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_zero_biases_reproduce_the_lesson(example, backend):
     ex, cfg = example
     out = tblock.forward(ex.H_in, with_biases(ex.weights), cfg, backend=backend)
-    assert rel(out, ex.expected["H_out"]) < 1e-12
+    assert rel_err(out, ex.expected["H_out"]) < 1e-12
     assert np.linalg.norm(out) == pytest.approx(tblock.LESSON_PRINTED["norm_H_out"], rel=1e-13)
 
 
@@ -52,8 +50,8 @@ def test_key_bias_leaves_attention_unchanged(example, backend):
     ex, cfg = example
     b_k = np.random.default_rng(0).standard_normal(cfg.d_model) * 3
     out, tr = tblock.forward(ex.H_in, with_biases(ex.weights, b_k=b_k), cfg, backend=backend, trace=True)
-    assert rel(out, ex.expected["H_out"]) < 1e-12
-    assert rel(tr.K, ex.expected["K"] + b_k) < 1e-12
+    assert rel_err(out, ex.expected["H_out"]) < 1e-12
+    assert rel_err(tr.K, ex.expected["K"] + b_k) < 1e-12
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -62,10 +60,10 @@ def test_value_and_output_biases_shift_the_stream(example, backend):
     rng = np.random.default_rng(1)
     b_v, b_o = rng.standard_normal(cfg.d_model), rng.standard_normal(cfg.d_model)
     _, tr = tblock.forward(ex.H_in, with_biases(ex.weights, b_v=b_v, b_o=b_o), cfg, backend=backend, trace=True)
-    assert rel(tr.out_concat, ex.expected["out_concat"] + b_v) < 1e-12
+    assert rel_err(tr.out_concat, ex.expected["out_concat"] + b_v) < 1e-12
     want_A_out = ex.expected["A_out"] + b_v @ ex.weights.w_o + b_o
-    assert rel(tr.A_out, want_A_out) < 1e-12
-    assert rel(tr.H_mid, ex.H_in + want_A_out) < 1e-12
+    assert rel_err(tr.A_out, want_A_out) < 1e-12
+    assert rel_err(tr.H_mid, ex.H_in + want_A_out) < 1e-12
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -80,7 +78,7 @@ def test_query_bias_enters_the_scores(example, backend):
     S[np.triu_indices(4, 1)] = -np.inf
     A = np.exp(S - S.max(axis=1, keepdims=True))
     A /= A.sum(axis=1, keepdims=True)
-    assert rel(tr.A[0], A) < 1e-12
+    assert rel_err(tr.A[0], A) < 1e-12
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -96,7 +94,7 @@ def test_random_biases_match_the_oracle(backend, dtype, tol, shape):
     w = tblock.BlockWeights(**a)
     H = rng.standard_normal((B, T, 40)).astype(dtype)
     want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
-    assert rel(tblock.forward(H, w, cfg, backend=backend), want) < tol
+    assert rel_err(tblock.forward(H, w, cfg, backend=backend), want) < tol
 
 
 def test_parameter_count_of_a_gpt2_small_block():

@@ -21,36 +21,9 @@ from tblock.backends import c as cb
 from tblock.backends import numpy as oracle
 from tblock.api import TRACE_NAMES
 
+from conftest import nonzero, random_weights, rel_err
+
 TOL = 1e-12
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape
-    scale = np.max(np.abs(want))
-    err = np.max(np.abs(got - want))
-    return float(err / scale) if scale > 0 else float(err)
-
-
-def nonzero(rng, shape):
-    """Random values bounded away from 0, either sign."""
-    return rng.uniform(0.2, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-
-
-def random_weights(cfg, rng) -> tblock.BlockWeights:
-    d, f = cfg.d_model, cfg.d_ff
-    w = dict(w_q=rng.standard_normal((d, d)) / np.sqrt(d), w_k=rng.standard_normal((d, d)) / np.sqrt(d),
-             w_v=rng.standard_normal((d, d)) / np.sqrt(d), w_o=rng.standard_normal((d, d)) / np.sqrt(d),
-             w_ff1=rng.standard_normal((d, f)) * np.sqrt(2.0 / d),
-             w_ff2=rng.standard_normal((f, d)) * np.sqrt(2.0 / f))
-    if cfg.ffn_bias:
-        w.update(b_ff1=nonzero(rng, f), b_ff2=nonzero(rng, d))
-    if cfg.ln_affine:
-        w.update(ln1_gamma=nonzero(rng, d), ln1_beta=nonzero(rng, d),
-                 ln2_gamma=nonzero(rng, d), ln2_beta=nonzero(rng, d))
-    if cfg.attn_bias:
-        w.update(b_q=nonzero(rng, d), b_k=nonzero(rng, d), b_v=nonzero(rng, d), b_o=nonzero(rng, d))
-    return tblock.BlockWeights(**w)
 
 
 def compare_to_oracle(H, weights, cfg):

@@ -19,12 +19,9 @@ import tblock
 from tblock import GPT2
 from tblock.gpt2 import GPT2Config
 
+from conftest import rel_err
+
 SMALL = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
-
-
-def rel_err(a, b):
-    """max |a - b| / max |b|: the error relative to the size of the reference."""
-    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
 
 
 # ----------------------------------------------------------------------------- checkpoints

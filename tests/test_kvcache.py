@@ -21,6 +21,9 @@ from tblock import api
 from tblock.backends import numpy as oracle
 from tblock.backends import torch as torch_backend
 
+from conftest import random_weights as shared_random_weights
+from conftest import rel_err
+
 BACKENDS = tblock.available_backends()
 DTYPES = [np.float64, np.float32]
 TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
@@ -39,34 +42,8 @@ CASES = {
 N = 9   # tokens per sequence in the CASES tests
 
 
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape
-    scale = np.max(np.abs(want))
-    err = np.max(np.abs(got - want))
-    return float(err / scale) if scale > 0 else float(err)
-
-
-def nonzero(rng, shape):
-    """Random values bounded away from 0, either sign: a bias or affine that matters."""
-    return rng.uniform(0.2, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-
-
 def random_weights(cfg, seed, dtype=np.float64) -> tblock.BlockWeights:
-    rng = np.random.default_rng(seed)
-    d, f = cfg.d_model, cfg.d_ff
-    w = dict(w_q=rng.standard_normal((d, d)) / np.sqrt(d), w_k=rng.standard_normal((d, d)) / np.sqrt(d),
-             w_v=rng.standard_normal((d, d)) / np.sqrt(d), w_o=rng.standard_normal((d, d)) / np.sqrt(d),
-             w_ff1=rng.standard_normal((d, f)) * np.sqrt(2.0 / d),
-             w_ff2=rng.standard_normal((f, d)) * np.sqrt(2.0 / f))
-    if cfg.ffn_bias:
-        w.update(b_ff1=nonzero(rng, f), b_ff2=nonzero(rng, d))
-    if cfg.ln_affine:
-        w.update(ln1_gamma=nonzero(rng, d), ln1_beta=nonzero(rng, d),
-                 ln2_gamma=nonzero(rng, d), ln2_beta=nonzero(rng, d))
-    if cfg.attn_bias:
-        w.update(b_q=nonzero(rng, d), b_k=nonzero(rng, d), b_v=nonzero(rng, d), b_o=nonzero(rng, d))
-    return tblock.BlockWeights(**{k: v.astype(dtype) for k, v in w.items()})
+    return shared_random_weights(cfg, np.random.default_rng(seed), dtype)
 
 
 def sequences(cfg, B, T, dtype, seed=7):

@@ -16,18 +16,14 @@ from hypothesis import strategies as st
 import tblock
 from tblock.api import TRACE_NAMES
 
+from conftest import rel_err
+
 F64_TOL = 1e-10
 # float32 against the float64 oracle on the same values: measured over 1,500 random
 # configs of this file's generator (T <= 512, d_model <= 256): median 2.4e-7, max 9.6e-6;
 # the worst cases have d_model = 2 or 3, where LayerNorm over 2-3 values amplifies the
 # rounding of nearly equal entries.  Bound with 5x margin:
 F32_TOL = 5e-5
-
-
-def rel_err(got, want):
-    want = np.asarray(want, dtype=np.float64)
-    scale = np.abs(want).max()
-    return float(np.abs(np.asarray(got, dtype=np.float64) - want).max() / (scale if scale > 0 else 1.0))
 
 
 def random_weights(cfg, seed, nonzero_extras=True):

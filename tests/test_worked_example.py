@@ -7,14 +7,12 @@ import tblock
 from tblock.backends import numpy as oracle
 from tblock.analysis import row_entropies_bits as entropy_bits
 
+from conftest import rel_err
+
 EX = tblock.load_worked_example()
 P = tblock.LESSON_PRINTED
 STREAM_NAMES = ["H_norm1", "Q", "K", "V", "out_concat", "A_out", "H_mid",
                 "H_norm2", "F_pre", "F_post", "F_out", "H_out"]
-
-
-def rel_err(got, want):
-    return np.max(np.abs(np.asarray(got) - want)) / max(np.max(np.abs(want)), 1e-300)
 
 
 @pytest.fixture(scope="module", params=tblock.available_backends())
