@@ -24,7 +24,7 @@ def _gelu_tanh_vec(x, c1, c2, one, neg_two):
     return vdiv(x, vadd(one, vexp(vmul(neg_two, u))))
 
 
-@kernel
+@kernel(readonly=("P",))
 def bias_act_rows(X, x_off, ldx, rows, n, P, bias_off, act):
     """X[r, j] = act(X[r, j] + bias[j]) in place for r < rows, j < n; bias = P[bias_off:],
     zeros when the block has no FFN bias (x + 0 is exact).  act: GELU_TANH, GELU_ERF, RELU."""

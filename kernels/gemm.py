@@ -35,7 +35,7 @@ def panel_width(dtype) -> int:
     return NV * PATH.vector_bytes // np.dtype(dtype).itemsize
 
 
-@kernel
+@kernel(readonly=("A", "B"))
 def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate, bias_off):
     """C[0:m, 0:n] (+)= [bias +] A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
 
@@ -105,7 +105,7 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
         panels[p, :, :cols.shape[1]] = cols
 
 
-@kernel(inline="always")
+@kernel(inline="always", readonly=("A", "Bp"))
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC, bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially, for a
     packed B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is
@@ -115,7 +115,7 @@ def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, ac
                 bias_off)
 
 
-@kernel
+@kernel(readonly=("A", "Bp"))
 def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
                 bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially.

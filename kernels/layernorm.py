@@ -9,7 +9,7 @@ from .options import kernel
 from .simd import lanes, vadd, vfma, vhsum, vkeep, vload_n, vmul, vsplat, vstore_n, vsub
 
 
-@kernel
+@kernel(readonly=("X", "P"))
 def layernorm_rows(X, x_off, ldx, Y, y_off, ldy, rows, d, P, g_off, b_off, eps):
     """Y[r, :] = (X[r, :] - mean) / sqrt(var + eps) * gamma + beta for r < rows.
 

@@ -20,24 +20,48 @@ FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_model="numpy")
 
 
+def _canonical(t):
+    """The type a kernel is compiled for when compiled code passes a ``t``: no literal
+    constants, and every integer an intp."""
+    t = types.unliteral(t)
+    return types.intp if isinstance(t, types.Integer) else t
+
+
 class KernelDispatcher(CPUDispatcher):
-    """Numba's CPU dispatcher, except that a call from compiled code is typed without its
-    literal constants: Numba would compile one copy of a kernel per combination of
-    constant arguments at its call sites (the parallel block built gemm_panels nine
-    times, for offsets of 0 and flags of True or False), each a full LLVM compile."""
+    """Numba's CPU dispatcher, except that a call from compiled code is typed canonically
+    (_canonical), so that a kernel is compiled once per dtype, not once per combination of
+    argument types at its call sites, each a full LLVM compile:
+
+    * without literal constants: the parallel block built gemm_panels nine times, for
+      offsets of 0 and flags of True or False;
+    * every integer an intp: a parallel loop's index is an int64 while Numba types the
+      function and a uint64 in the loop body it compiles, so every task called with its
+      index was built twice;
+    * the arrays a kernel only reads (its ``readonly`` parameters) read-only: a writeable
+      array converts to a read-only one, so a scratch buffer and the caller's input share
+      one build (micro_kernel was built three times)."""
 
     def get_call_template(self, args, kws):
-        return super().get_call_template(tuple(types.unliteral(a) for a in args),
-                                         {k: types.unliteral(v) for k, v in kws.items()})
+        readonly = getattr(self, "readonly_positions", ())
+        args = tuple(_canonical(a) for a in args)
+        args = tuple(a.copy(readonly=True) if i in readonly and isinstance(a, types.Array) else a
+                     for i, a in enumerate(args))
+        return super().get_call_template(args, {k: _canonical(v) for k, v in kws.items()})
 
 
-def kernel(fn=None, **options):
-    """``@njit(**JIT, **options)`` with a KernelDispatcher: the decorator of every kernel."""
+def kernel(fn=None, readonly=(), **options):
+    """``@njit(**JIT, **options)`` with a KernelDispatcher: the decorator of every kernel.
+    ``readonly``: names of array parameters the kernel never writes (typed read-only)."""
     opts = {**JIT, **options, "nopython": True, "boundscheck": None}
     cache = opts.pop("cache")
 
     def wrap(f):
+        names = f.__code__.co_varnames[:f.__code__.co_argcount]
+        unknown = set(readonly) - set(names)
+        if unknown:
+            raise TypeError(f"{f.__name__} has no parameters {sorted(unknown)}")
         disp = KernelDispatcher(py_func=f, locals={}, targetoptions=opts)
+        disp.readonly_positions = tuple(names.index(n) for n in readonly)
         if cache:
             disp.enable_caching()
         return disp

@@ -35,7 +35,7 @@ FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every 
 DIRECT_MAX = 8192
 
 
-@kernel
+@kernel(readonly=("X", "P"))
 def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
     """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
     Y may be X."""
@@ -47,7 +47,7 @@ def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
         vstore_n(Y, y_off + j, v, n - j)
 
 
-@kernel
+@kernel(readonly=("X", "Wf"))
 def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     """The feed-forward of m rows: out[r] = [out[r] +] b2 + act(X[r] W_1 + b1) W_2, with
     X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X must not overlap out
@@ -82,14 +82,14 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
                     out, out_off, d, True, KC, -1)
 
 
-@kernel
+@kernel(readonly=("X", "P"))
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
     r0, r1 = row_piece(t, pieces, rows)
     layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
 
 
-@kernel
+@kernel(readonly=("X", "Wf"))
 def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
     act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
@@ -101,7 +101,7 @@ def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
 
 
-@kernel
+@kernel(readonly=("hid", "Wf"))
 def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
     out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
@@ -182,7 +182,7 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
                     vstore_n(Vp, row + c, zero, ldv - c)
 
 
-@kernel
+@kernel(readonly=("H", "Wf"))
 def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
              q, ldq, kt, vp, packed):
     """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v],
