@@ -136,8 +136,7 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
             raise ValueError("trace=True cannot be combined with a cache (trace the whole sequence instead)")
     name = DEFAULT_BACKEND if backend is None else backend
     module = get_backend(name)
-    run_cached = getattr(module, "forward_cached", None)
-    if cache is not None and run_cached is None:
+    if cache is not None and not hasattr(module, "forward_cached"):
         raise ValueError(f"backend {name!r} has no KV-cache path")
     weights.check(cfg)
     # a backend with CHECKS_FINITE looks for NaN/Inf in the same call as its work and
@@ -156,7 +155,7 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
         cache.check(H3, cfg)
         # the backend writes the new keys and values past cache.length; only a finished
         # call moves cache.length, so a failed one leaves the cache's contents unused
-        H_out, tr = run_cached(H3, weights, cfg, cache), None
+        H_out, tr = module.forward_cached(H3, weights, cfg, cache), None
     else:
         H_out, tr = module.forward_batch(H3, weights, cfg, trace)
     if H_out is None:
