@@ -28,7 +28,7 @@ report: install
 # execute (TBLOCK_ISA: avx2 and generic on an AVX-512 machine, generic on an AVX2 one)
 ISA_TESTS := tests/test_numba_kernels.py tests/test_numba_block.py tests/test_numba_runtime.py \
              tests/test_properties.py tests/test_worked_example.py tests/test_isa.py tests/test_gpt2.py \
-             tests/test_kvcache.py tests/test_attn_bias.py
+             tests/test_kvcache.py tests/test_attn_bias.py tests/test_generate.py
 OTHER_PATHS = $$($(BIN)/python -c "import tblock; from tblock.kernels.isa import PATH; \
 	print(*[p for p in PATH.runnable if p != tblock.isa()])")
 

@@ -297,7 +297,9 @@ def test_argument_errors(model):
         g([1, 101], 2)
     with pytest.raises(ValueError, match="backend must be one of"):
         g([1], 2, backend="gpu")
-    with pytest.raises(ValueError, match="backend 'torch' has no KV-cache path"):
+    # torch, the outside reference, has no cached path; where torch is not installed (the
+    # peers extra) the backend cannot run at all: a ValueError (BackendUnavailable) either way
+    with pytest.raises(ValueError, match="backend 'torch' (has no KV-cache path|cannot run: torch is not installed)"):
         g([1], 2, backend="torch")
     # stream checks its arguments when called, before the first token is asked for
     with pytest.raises(ValueError, match="top_k must be >= 1"):
