@@ -45,7 +45,16 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
 
     A[r, k] is A.flat[a_off + r*a_rs + k*a_ks]: (lda, 1) for a row-major matrix, (1, MR)
     for a packed panel.  Rows past m are computed from a repeated row 0 (no
-    out-of-bounds reads) and never stored; B must have NR readable columns per row."""
+    out-of-bounds reads) and never stored; B must have NR readable columns per row.
+    One row (a decode step's GEMV) has a loop of its own: the six-row body ran it at
+    a third of the memory bandwidth.  Its sums are row 0's sums of the six-row body,
+    in the same order."""
+    if m == 1:
+        c0 = pload(B, bias_off) if bias_off >= 0 else psplat(B, 0.0)
+        for k in range(K):
+            c0 = vfma(pbcast(A, a_off + k * a_ks), pload(B, b_off + k * ldb), c0)
+        _store_row(C, c_off, n, accumulate, c0)
+        return
     a1 = a_off + (a_rs if m > 1 else 0)
     a2 = a_off + (2 * a_rs if m > 2 else 0)
     a3 = a_off + (3 * a_rs if m > 3 else 0)
@@ -156,7 +165,7 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
             # the next slice: the rest of this panel's band, else the next panel's
             nxt = pb + kc * NR if kc0 + kc < K else b_off + (p + 1) * ldp
             per = (kc * NR // W + ntiles - 1) // ntiles    # its cache lines per row tile
-            if kc0 + kc >= K and p + 1 >= p1:
+            if (kc0 + kc >= K and p + 1 >= p1) or ntiles == 1:
                 per = 0                     # the last slice: nothing follows it
             line = nxt
             for i in range(i0, i1, MR):
