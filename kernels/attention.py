@@ -193,30 +193,27 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
 
 
 @kernel
-def attention_rows_direct(X, ldx, q_off, Kx, k_off, ldk, Vx, v_off, ldv, T, past, dk, causal, scale,
-                          srow, out, out_off, ldout):
+def attention_rows_direct(X, ldx, q_off, k_off, v_off, T, dk, causal, scale, srow, out,
+                          out_off, ldout):
     """Attention of one head for short sequences, one query at a time: scores over the
-    allowed keys into srow (>= past + T, float64), max-subtracted softmax, weighted sum
-    of V.  No packing and no tiles: for T up to a few dozen the tiled kernel's set-up
-    costs more than this whole loop (the lesson's T=4 block), and a decode step's one
-    query reads each cached key once anyway.  Q[i, c] = X.flat[q_off + i*ldx + c] for
-    the T queries, which are tokens past..past+T-1; key j is Kx.flat[k_off + j*ldk ...],
-    value j Vx.flat[v_off + j*ldv ...]; query i sees keys 0..past+i when causal (past = 0
-    without a cache); writes out.flat[out_off + i*ldout + c]."""
+    allowed keys into srow (>= T, float64), max-subtracted softmax, weighted sum of V.
+    No packing and no tiles: for T up to a few dozen the tiled kernel's set-up costs
+    more than this whole loop (the lesson's T=4 block).  Q[t, c] = X.flat[q_off + t*ldx
+    + c], K at k_off, V at v_off; writes out.flat[out_off + i*ldout + c]."""
     # Rows of Q, K and V are d_k wide (a few lanes at these sizes): one masked vector per
     # W columns instead of scalar loops over c, whose set-up cost more than their work
     # (the two heads of the lesson's block: 850 ns scalar)
     W = lanes(X)
     zero = vsplat(X, 0.0)
     for i in range(T):
-        n = past + i + 1 if causal else T
+        n = i + 1 if causal else T
         qi = q_off + i * ldx
         m = -math.inf
         for j in range(n):
-            kj = k_off + j * ldk
+            kj = k_off + j * ldx
             acc = zero
             for c in range(0, dk, W):
-                acc = vfma(vload_n(X, qi + c, dk - c), vload_n(Kx, kj + c, dk - c), acc)
+                acc = vfma(vload_n(X, qi + c, dk - c), vload_n(X, kj + c, dk - c), acc)
             s = vhsum(acc) * scale
             srow[j] = s
             if s > m:
@@ -231,5 +228,5 @@ def attention_rows_direct(X, ldx, q_off, Kx, k_off, ldk, Vx, v_off, ldv, T, past
         for c in range(0, dk, W):
             acc = zero
             for j in range(n):
-                acc = vfma(vsplat(X, srow[j]), vload_n(Vx, v_off + j * ldv + c, dk - c), acc)
+                acc = vfma(vsplat(X, srow[j]), vload_n(X, v_off + j * ldx + c, dk - c), acc)
             vstore_n(out, o + c, vmul(acc, vinv), dk - c)

@@ -49,7 +49,7 @@ from .layout import ceil_div, panels, row_piece, rows_per_task, stage_grid, task
 from .options import kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
-                     cache_packed_task, cache_rows_task, cached_attention_task, copy_add, ffn_down_task,
+                     cache_packed_task, cache_rows_task, copy_add, ffn_down_task,
                      ffn_tile, ffn_up_task, layernorm_piece, pack_head, qkv_task)
 from .validate import all_finite
 
@@ -71,7 +71,7 @@ def attention_core(qkv, T, d, n_heads, causal):
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
-        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp)
+        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp, 0, T)
 
 
 def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
@@ -81,10 +81,10 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
     an argument because calling get_num_threads in here makes the function uncacheable.
 
-    With a KV cache (past >= 0; causal): Kc, Vc are its flat (B, n_heads, max_T, d_k) keys
-    and values, holding tokens 0..past-1; H3's rows are tokens past..past+T-1, their keys
-    and values are written there, and with past > 0 they attend over the cached tokens
-    too (stage 2 per (sequence, head), reading each cached head as one contiguous block).
+    With a KV cache (past >= 0; causal): Kc, Vc are its flat keys and values (K^T panels
+    and V rows per head, for max_T tokens: tblock.KVCache), holding tokens 0..past-1; H3's
+    rows are tokens past..past+T-1, their keys and values are written there, and with
+    past > 0 they attend over the cached tokens too, with the same flash kernel.
     past = -1: no cache (Kc, Vc unused)."""
     NR = panel_lanes(Wf)
     H = H3.reshape(H3.size)
@@ -127,11 +127,17 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
                  q, ldq, kt, vp, not direct)
 
     if extend:
-        # 2. with tokens cached: per (sequence, head), append the new keys and values to
-        # the cache and attend over all of it
-        srow = np.empty(nseq * n_heads * (past + T))
-        for t in prange(nseq * n_heads):
-            cached_attention_task(q, T, d, n_heads, t, Kc, Vc, past, max_T, srow)
+        # 2. with tokens cached: the new keys and values go into the cache, then every
+        # (sequence, head, query tile) attends over all of it, as below; a decode step's
+        # query reads the cached keys and values through the micro-kernel's one-row loop
+        nqt = ceil_div(T, BQ)
+        if nqt > 1:
+            for t in prange(nseq * n_heads):
+                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
+        for t in prange(nseq * n_heads * nqt):
+            if nqt == 1:            # the task's own head: appended before it is read
+                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
+            attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T)
     elif direct:
         # 2. for tiny sequences: one task per (sequence, head), no packing
         srow = np.empty(nseq * n_heads * T)
@@ -143,9 +149,10 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         # 2. attention per (sequence, head, query tile), head by head, costly tiles first
         nqt = ceil_div(T, BQ)
         for t in prange(nseq * n_heads * nqt):
-            attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp)
+            attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T)
         if past == 0:
-            # a first chunk into an empty cache: its packed keys and values, unpacked
+            # a first chunk into an empty cache: its keys and values, packed as the cache
+            # holds them, copied there
             for t in prange(nseq * n_heads):
                 cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
 

@@ -242,17 +242,19 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
 
 
 @kernel
-def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
+def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
-    columns.  K and V are packed in kt and vp (attention_buffers).  Tasks are numbered
+    columns.  K and V are packed in kt and vp (attention_buffers; a KVCache holds them
+    the same way, for max_T tokens a head): the T rows are tokens past..past+T-1, and
+    attend over keys 0..past+T-1 (past = 0, max_T = T without a cache).  Tasks are numbered
     head by head, and within a (sequence, head) costly-first: its last query tile (most
     keys under a causal mask) first.  So the threads work on the same head at once and
     share its K and V (2 MiB at T=4096) in L3, where threads on different heads would
     compete for it (docs/perf-log.md)."""
     NR = panel_lanes(kt)
     dk = d // n_heads
-    ktn = kt_len(T, dk, NR)
+    ktn = kt_len(max_T, dk, NR)
     ldv = v_stride(dk, NR)
     nqt = ceil_div(T, BQ)
     bh = t // nqt
@@ -264,14 +266,16 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp):
     dt = q.dtype
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
-    bk = min(BK, panels(T, NR) * NR)
+    keys = past + T
+    bk = min(BK, panels(keys, NR) * NR)
     Qt = np.empty(m * dk, dtype=dt)
     S = np.empty(min(m, QSUB) * bk, dtype=dt)
     O = np.empty(m * ldv, dtype=dt)
     mrow = np.empty(m)
     lrow = np.empty(m)
-    flash_rows(q, ldq, b * T * ldq + h * dk, T, dk, kt, bh * ktn, vp, bh * T * ldv, ldv,
-               q0, q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
+    # flash_rows numbers queries by token: row i of this sequence is token past + i
+    flash_rows(q, ldq, (b * T - past) * ldq + h * dk, keys, dk, kt, bh * ktn, vp, bh * max_T * ldv, ldv,
+               past + q0, past + q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
                q, (b * T + q0) * ldq + h * dk, ldq)
 
 
@@ -286,59 +290,49 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
     b = t // n_heads
     h = t % n_heads
     base = b * T * ld + h * dk
-    attention_rows_direct(qkv, ld, base, qkv, base + d, ld, qkv, base + 2 * d, ld, T, 0, dk, causal,
-                          1.0 / np.sqrt(dk), srow[t * T:(t + 1) * T], qkv, base, ld)
+    attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
+                          srow[t * T:(t + 1) * T], qkv, base, ld)
 
 
 @kernel
 def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
     """Keys and values of the T new rows of head h = t % n_heads of sequence
-    b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache's
-    (B, n_heads, max_T, d_k) K and V at tokens past..past+T-1."""
+    b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
+    past..past+T-1: K^T panels (head after head, kt_len(max_T) apart) and V rows of
+    v_stride (max_T rows a head), the layouts attention_task reads."""
+    NR = panel_lanes(Kc)
     W = lanes(Kc)
     dk = d // n_heads
     ld = 3 * d
+    ldv = v_stride(dk, NR)
     b = t // n_heads
     h = t % n_heads
-    dst = (t * max_T + past) * dk
+    kt = t * kt_len(max_T, dk, NR)
     for i in range(T):
         src = (b * T + i) * ld + h * dk
+        p = past + i
+        key = kt + (p // NR) * dk * NR + p % NR     # column p % NR of its panel
+        for c in range(dk):
+            Kc[key + c * NR] = qkv[src + d + c]
+        row = (t * max_T + p) * ldv
         for c in range(0, dk, W):
-            vstore_n(Kc, dst + i * dk + c, vload_n(qkv, src + d + c, dk - c), dk - c)
-            vstore_n(Vc, dst + i * dk + c, vload_n(qkv, src + 2 * d + c, dk - c), dk - c)
+            vstore_n(Vc, row + c, vload_n(qkv, src + 2 * d + c, dk - c), dk - c)
 
 
 @kernel
 def cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T):
-    """Task t's keys and values, as cache_rows_task, from the packed K^T panels and V
-    rows of a first chunk (attention_buffers' layouts) into the cache at tokens 0..T-1."""
+    """Task t's keys and values of a first chunk, packed by stage 1 (attention_buffers:
+    the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
+    contiguous copies."""
     NR = panel_lanes(kt)
     W = lanes(Kc)
     dk = d // n_heads
     ktn = kt_len(T, dk, NR)
     ldv = v_stride(dk, NR)
-    dst = t * max_T * dk
-    for j in range(T):
-        panel = t * ktn + (j // NR) * dk * NR + j % NR
-        for c in range(dk):
-            Kc[dst + j * dk + c] = kt[panel + c * NR]
-        for c in range(0, dk, W):
-            vstore_n(Vc, dst + j * dk + c, vload_n(vp, (t * T + j) * ldv + c, dk - c), dk - c)
-
-
-@kernel
-def cached_attention_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T, srow):
-    """Stage 2 of a call that extends a KVCache (past > 0 tokens cached): head h of
-    sequence b (t = b*n_heads + h) appends its new keys and values to the cache, then
-    each new query i attends over cached tokens 0..past+i; the output goes over its Q
-    columns of the (B*T, 3d) rows.  srow: float64 scratch, past + T per task."""
-    dk = d // n_heads
-    ld = 3 * d
-    b = t // n_heads
-    h = t % n_heads
-    cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T)
-    q = b * T * ld + h * dk
-    kv = t * max_T * dk
-    n = past + T
-    attention_rows_direct(qkv, ld, q, Kc, kv, dk, Vc, kv, dk, T, past, dk, True, 1.0 / np.sqrt(dk),
-                          srow[t * n:(t + 1) * n], qkv, q, ld)
+    src, dst = t * ktn, t * kt_len(max_T, dk, NR)
+    for i in range(0, ktn, W):
+        vstore_n(Kc, dst + i, vload_n(kt, src + i, ktn - i), ktn - i)
+    n = T * ldv
+    src, dst = t * T * ldv, t * max_T * ldv
+    for i in range(0, n, W):
+        vstore_n(Vc, dst + i, vload_n(vp, src + i, n - i), n - i)

@@ -6,9 +6,15 @@ compute only the new rows: ``forward(H_new, weights, cfg, cache=cache)`` project
 rows, appends their K and V here, and attends over everything cached. It returns the same
 rows a forward over the whole sequence would.
 
-Layout: K and V are (batch, n_heads, max_T, d_k), each head's keys contiguous rows, the
-layout the decode kernel streams (one head's cache is one contiguous block). The memory is
-allocated once: 2 * max_T * d_model values per sequence, and nothing grows per token.
+Layout: the one the numba backend's attention reads (kernels.stages.attention_buffers),
+so a decode step streams each head's keys and values as they lie, through the GEMM's
+micro-kernel: per (sequence, head), K^T in panels of NR keys (panel p holds keys p*NR ..
+p*NR+NR-1 as a (d_k, NR) row-major block) and V as rows of d_k rounded up to NR columns
+(zero past d_k); NR is the micro-kernel's panel width for the dtype on this vector path.
+``keys()``/``values()`` give them as (batch, length, d_model) rows, and the reference
+backends read and write them through ``head_rows`` and ``store``. The memory is allocated
+once: 2 * max_T * d_model values per sequence (max_T rounded up to NR keys, d_k to NR
+columns), and nothing grows per token.
 """
 
 from __future__ import annotations
@@ -19,6 +25,16 @@ import numpy as np
 
 from .config import BlockConfig
 from .weights import FLOAT_DTYPES
+
+
+def _panel_width(dtype) -> int:
+    # the numba kernels' panel width; where they cannot load, the layout is tblock's own
+    # affair (the reference backends go through head_rows and store) and any width serves
+    try:
+        from .kernels.gemm import panel_width
+    except Exception:
+        return 16
+    return panel_width(dtype)
 
 
 class KVCache:
@@ -39,9 +55,12 @@ class KVCache:
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         self.cfg, self.max_T, self.batch, self.dtype = cfg, int(max_T), int(batch), dtype
-        shape = (self.batch, cfg.n_heads, self.max_T, cfg.d_k)
-        self.K = np.zeros(shape, dtype)     # K[b, h, t] = key of token t, head h
-        self.V = np.zeros(shape, dtype)
+        self.nr = NR = _panel_width(dtype)
+        self.panels = -(-self.max_T // NR)          # K^T panels of NR keys per head
+        self.ldv = -(-cfg.d_k // NR) * NR           # V's row length: d_k rounded up to NR
+        # zeros: the kernels read whole panels and rows, the parts past length and d_k too
+        self.K = np.zeros((self.batch, cfg.n_heads, self.panels * cfg.d_k * NR), dtype)
+        self.V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
         self.length = 0                     # tokens cached so far (the same for every sequence)
 
     def __repr__(self):
@@ -56,13 +75,30 @@ class KVCache:
         """Forget every token (the memory is kept)."""
         self.length = 0
 
+    def _kt(self, b: int) -> np.ndarray:
+        """Sequence b's K^T panels as (n_heads, panels, d_k, NR), a view."""
+        return self.K[b].reshape(self.cfg.n_heads, self.panels, self.cfg.d_k, self.nr)
+
+    def head_rows(self, b: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of sequence b's keys and values of tokens 0..end-1, (n_heads, end, d_k) each."""
+        h, dk = self.cfg.n_heads, self.cfg.d_k
+        K = self._kt(b).transpose(0, 1, 3, 2).reshape(h, self.panels * self.nr, dk)[:, :end]  # (h, keys, d_k)
+        return K.copy(), self.V[b, :, :end, :dk].copy()
+
+    def store(self, b: int, pos: int, K: np.ndarray, V: np.ndarray) -> None:
+        """Write sequence b's keys and values of tokens pos..pos+n-1, K and V (n_heads, n, d_k)."""
+        t = np.arange(pos, pos + K.shape[1])
+        # key t of head h lies at panel t // NR, column t % NR, one row per channel
+        self._kt(b)[:, t // self.nr, :, t % self.nr] = K.transpose(1, 0, 2)   # (n, h, d_k)
+        self.V[b, :, pos:pos + V.shape[1], :self.cfg.d_k] = V
+
     def keys(self) -> np.ndarray:
         """The cached keys as (batch, length, d_model): head h is columns h*d_k:(h+1)*d_k."""
-        return _rows(self.K[:, :, :self.length])
+        return np.stack([_rows(self.head_rows(b, self.length)[0]) for b in range(self.batch)])
 
     def values(self) -> np.ndarray:
         """The cached values as (batch, length, d_model)."""
-        return _rows(self.V[:, :, :self.length])
+        return np.stack([_rows(self.head_rows(b, self.length)[1]) for b in range(self.batch)])
 
     def check(self, H3: np.ndarray, cfg: BlockConfig) -> None:
         """ValueError/TypeError unless a (B, T_new, d_model) input fits: the same config,
@@ -81,8 +117,8 @@ class KVCache:
 
 
 def _rows(X: np.ndarray) -> np.ndarray:
-    B, h, T, dk = X.shape
-    return X.transpose(0, 2, 1, 3).reshape(B, T, h * dk)     # (B, h, T, d_k) -> (B, T, d_model)
+    h, T, dk = X.shape
+    return X.transpose(1, 0, 2).reshape(T, h * dk)     # (h, T, d_k) -> (T, d_model)
 
 
 def make_caches(cfg: BlockConfig, n: int, max_T: int, batch: int = 1, dtype=np.float32) -> list[KVCache]:

@@ -107,7 +107,9 @@ def test_cached_decoding_equals_full_forward(backend, dtype, case, B):
         # the cache holds the sequence's keys and values, in its dtype, as the oracle computes them
         assert cache.K.dtype == np.dtype(dtype)
         assert rel_err(cache.keys(), want.K) <= tol and rel_err(cache.values(), want.V) <= tol, schedule
-        assert not cache.K[:, :, N:].any() and not cache.V[:, :, N:].any()   # the spare rows: still zero
+        # the spare rows: still zero (tokens N, N+1 of every head)
+        spare_K, spare_V = zip(*(cache.head_rows(b, N + 2) for b in range(B)))
+        assert not np.stack(spare_K)[:, :, N:].any() and not np.stack(spare_V)[:, :, N:].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -205,8 +207,11 @@ def test_block_make_cache(backend):
     cache = block.make_cache(max_T=N, batch=2, dtype=np.float64)
     assert isinstance(cache, tblock.KVCache)
     assert (cache.cfg, cache.max_T, cache.batch, cache.dtype, cache.length) == (cfg, N, 2, np.dtype(np.float64), 0)
-    assert cache.K.shape == cache.V.shape == (2, cfg.n_heads, N, cfg.d_k)
-    assert cache.nbytes == 2 * 2 * N * cfg.d_model * 8
+    # the numba kernels' layout: K^T in panels of NR keys, V in rows of d_k rounded up to NR
+    NR = cache.nr
+    assert cache.K.shape == (2, cfg.n_heads, -(-N // NR) * NR * cfg.d_k)
+    assert cache.V.shape == (2, cfg.n_heads, N, -(-cfg.d_k // NR) * NR)
+    assert cache.nbytes == 8 * (cache.K.size + cache.V.size) >= 2 * 2 * N * cfg.d_model * 8
     assert block.make_cache(3).dtype == np.dtype(np.float32) and block.make_cache(3).batch == 1
     H = sequences(cfg, 2, N, np.float64)
     got = decode(lambda X, c: block(X, cache=c), H, cache, [3, 1, 1, 4])
@@ -393,8 +398,8 @@ def _replace(i, make):
 def _short_cache(cfg, caches):
     """A cache with the others' tokens but room for only one more."""
     c = tblock.KVCache(cfg, max_T=caches[0].length + 1, batch=2, dtype=np.float64)
-    c.K[:, :, :caches[0].length] = caches[0].K[:, :, :caches[0].length]
-    c.V[:, :, :caches[0].length] = caches[0].V[:, :, :caches[0].length]
+    for b in range(2):
+        c.store(b, 0, *caches[0].head_rows(b, caches[0].length))
     c.length = caches[0].length
     return c
 

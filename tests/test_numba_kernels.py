@@ -245,7 +245,7 @@ def test_direct_attention_matches_oracle(causal, T, dk, dtype):
     kernels.block.DIRECT_MAX)."""
     X, ld, Q, K, V = head_rows(np.random.default_rng(4), T, dk, dtype)
     out = np.full(T * dk, np.nan, dtype=dtype)
-    attention_rows_direct(X, ld, 0, X, dk, ld, X, 2 * dk, ld, T, 0, dk, causal, 0.3, np.empty(T), out, 0, dk)
+    attention_rows_direct(X, ld, 0, dk, 2 * dk, T, dk, causal, 0.3, np.empty(T), out, 0, dk)
     tol = 1e-13 if dtype == np.float64 else 2e-6
     np.testing.assert_allclose(out.reshape(T, dk), attention_reference(Q, K, V, 0.3, causal),
                                rtol=tol, atol=tol)

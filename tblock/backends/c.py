@@ -288,30 +288,26 @@ def forward_cached(H: np.ndarray, weights, cfg, cache):
     cache.length; returns their float64 H_out, having written their K and V into the cache
     past cache.length (tblock.api then moves cache.length).
 
-    C computes in double only. A float64 cache is handed to C as it is, and C writes the new
-    rows in place. A float32 cache is not: C gets a float64 copy of the rows it reads,
-    (B, n_heads, past + T_new, d_k), the past ones converted and the new ones for it to fill,
-    and the new rows are copied back, rounded to float32. So the new tokens attend to their
-    own keys unrounded, and to the earlier ones as the cache stores them."""
+    C computes in double only, and takes the cache as rows, (B, n_heads, keys, d_k): it gets
+    a float64 copy of the rows it reads, past + T_new, the past ones from the cache's packed
+    layout (KVCache.head_rows) and the new ones for it to fill, and the new rows are stored
+    back in the cache's layout and dtype. So the new tokens attend to their own keys
+    unrounded, and to the earlier ones as the cache stores them."""
     B, T_new, _ = H.shape
     past = cache.length
     H64 = np.ascontiguousarray(H, dtype=np.float64)
     w = weights.prepared(("c_ref", "float64"), _float64_weights)
     fields = config_fields(cfg)
-    if cache.dtype == np.float64:
-        K, V, max_T = cache.K, cache.V, cache.max_T
-    else:
-        K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)  # (B, h, keys, d_k) float64
-        V = np.full_like(K, np.nan)
-        K[:, :, :past], V[:, :, :past] = cache.K[:, :, :past], cache.V[:, :, :past]
-        max_T = past + T_new
     # NaN-filled, so a value C never wrote could not pass for a result
+    K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)     # (B, h, keys, d_k) float64
+    V = np.full_like(K, np.nan)
+    for b in range(B):
+        K[b, :, :past], V[b, :, :past] = cache.head_rows(b, past)
     scratch = np.full(scratch_len_cached(fields, T_new, past), np.nan)
     out = np.full(H.shape, np.nan)
-    call_block_forward_cached_raw(out, H64, B, T_new, past, max_T, K, V, fields, w, scratch)
-    if K is not cache.K:
-        new = slice(past, past + T_new)
-        cache.K[:, :, new], cache.V[:, :, new] = K[:, :, new], V[:, :, new]
+    call_block_forward_cached_raw(out, H64, B, T_new, past, past + T_new, K, V, fields, w, scratch)
+    for b in range(B):
+        cache.store(b, past, K[b, :, past:], V[b, :, past:])
     return out
 
 

@@ -121,10 +121,9 @@ def cached_attention(cache, b):
         past, T_new = cache.length, X.shape[0]
         Q, K, V = projections(X, w, cfg)
         heads = lambda M: M.reshape(T_new, cfg.n_heads, cfg.d_k).transpose(1, 0, 2)  # (T, d) -> (h, T, d_k)
-        cache.K[b, :, past:past + T_new] = heads(K)
-        cache.V[b, :, past:past + T_new] = heads(V)
-        rows = lambda C: C[b, :, :past + T_new].transpose(1, 0, 2).reshape(past + T_new, -1)  # (h, T, d_k) -> (T, d)
-        K_all, V_all = rows(cache.K).astype(np.float64), rows(cache.V).astype(np.float64)
+        cache.store(b, past, heads(K), heads(V))
+        rows = lambda C: C.transpose(1, 0, 2).reshape(past + T_new, -1)    # (h, T, d_k) -> (T, d)
+        K_all, V_all = (rows(C).astype(np.float64) for C in cache.head_rows(b, past + T_new))
         keep = np.tril(np.ones((T_new, past + T_new), dtype=bool), k=past)
         scale = 1.0 / np.sqrt(cfg.d_k)
         A = head_probs(Q, K_all, cfg.n_heads, lambda S: softmax_rows(np.where(keep, S * scale, -np.inf)))
