@@ -259,8 +259,10 @@ def main(argv=None):
           flush=True)
 
     r = results["memory"] = memory_point(hf, ours, min(128, n_pos - args.steps - 1), args.steps)
+    pad = ("" if r["cache_bytes"] == r["cache_bytes_expected"] else
+           "; the rest is the packed layout's padding of d_k and T to whole panels")
     print(f"caches: {r['cache_bytes']:,} bytes for T = {n_pos} "
-          f"(2 * {n_layer} * {n_pos} * {d} * 4 = {r['cache_bytes_expected']:,}); RSS after the first token "
+          f"(2 * {n_layer} * {n_pos} * {d} * 4 = {r['cache_bytes_expected']:,}{pad}); RSS after the first token "
           f"{r['rss_after_first_token'] / 2**20:.1f} MiB, after {r['steps']} more {r['rss_after_last'] / 2**20:.1f} MiB "
           f"({r['rss_growth'] / 2**20:+.2f} MiB)")
     print(f"greedy generation after a {r['prompt']}-token prompt: tblock {r['tblock_tokens_per_s']:.1f} tokens/s, "
