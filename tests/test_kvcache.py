@@ -132,6 +132,24 @@ def test_long_prefill(backend, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_long_chunks_after_a_prefix(backend, dtype):
+    """Chunks longer than the numba backend's query tile (BQ = 384) after cached tokens: the
+    new keys and values are stored in a stage of their own before the query tiles attend,
+    where a chunk of one tile appends and attends in the same task."""
+    from tblock.kernels.stages import BQ
+    cfg = tblock.BlockConfig(d_model=24, n_heads=3, d_ff=32, norm="pre", ffn_bias=True, ln_affine=True,
+                             attn_bias=True)
+    T, B = 2 * BQ + 40, 2
+    w = random_weights(cfg, seed=9, dtype=dtype)
+    H = sequences(cfg, B, T, dtype)
+    full = tblock.forward(H, w, cfg, backend=backend)
+    cache = tblock.KVCache(cfg, max_T=T, batch=B, dtype=dtype)
+    got = decode(forward_with(w, cfg, backend), H, cache, [10, BQ + 5, 1, T - BQ - 16])
+    assert rel_err(got, full) <= TOL[np.dtype(dtype)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_wide_batch(backend, dtype, monkeypatch):
     """8 sequences at d_model=128: even one-token steps are over the numba backend's
     PARALLEL_MIN_FLOPS, so its parallel build runs the cached path (with more than one thread)."""
