@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -52,7 +50,7 @@ import numpy as np
 from tblock import peers, perf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpt2 import SMALL, build, parse_model, rel_err  # noqa: E402  (the same model, built once)
+from bench_gpt2 import SMALL, build, finish_record, parse_model, rel_err, run_record  # noqa: E402  (the same model)
 
 
 def rss_bytes() -> int:
@@ -207,23 +205,10 @@ def main(argv=None):
 
     peers.import_early(["torch"])           # torch before Numba's pool (tblock.peers says why)
     threads, _ = perf.pin_threads(args.threads, with_torch=True)
-    import torch
-    import transformers
     from tblock.perf.peak import memory_bandwidth
     hf, ours, load_s = build(args.model, seed=0)
     cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
-    c, p = perf.cpu_info(), perf.vector_path()
-    results = {"cpu": c, "isa": p, "threads": threads, "usable_cores": perf.usable_cores(),
-               "date": time.strftime("%Y-%m-%d"),
-               "versions": {"python": platform.python_version(), **perf.versions(),
-                            "transformers": transformers.__version__},
-               "git_commit": perf.git_commit(), "loadavg_start": list(os.getloadavg()), "model": args.model,
-               "load_s": load_s}
-    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), "
-          f"{perf.usable_cores()} usable cores; tblock path {p['name']} (LLVM cpu {p['cpu']}); "
-          f"{args.threads} threads (numba {threads['numba']}, torch {threads['torch']})")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, tblock commit {results['git_commit']}, "
-          f"load average {results['loadavg_start'][0]:.2f}")
+    results = run_record(threads, args.model, load_s)
 
     bw = memory_bandwidth(threads["numba"], nbytes=args.bandwidth_mib << 20)
     results["bandwidth"] = bw
@@ -269,12 +254,7 @@ def main(argv=None):
           f"transformers' generate {r['transformers_generate_tokens_per_s']:.1f} tokens/s; "
           f"same tokens: {r['same_tokens_as_transformers']}")
 
-    results["loadavg_end"] = list(os.getloadavg())
-    print(f"\nload average at start {results['loadavg_start'][0]:.2f}, at end {results['loadavg_end'][0]:.2f} "
-          f"(above the thread count: other work shared the cores)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+    finish_record(results, args.json)
     return 0
 
 

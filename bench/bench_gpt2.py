@@ -63,6 +63,41 @@ def build(shape: dict, seed: int):
     return hf, ours, load_s
 
 
+def run_record(threads: dict, model: dict, load_s: float) -> dict:
+    """What a run against transformers records first (CPU, vector path, threads, versions,
+    commit, load), printed as the run's header."""
+    import torch
+    import transformers
+    c, p = perf.cpu_info(), perf.vector_path()
+    results = {"cpu": c, "isa": p, "threads": threads, "usable_cores": perf.usable_cores(),
+               "date": time.strftime("%Y-%m-%d"),
+               "versions": {"python": platform.python_version(), **perf.versions(),
+                            "transformers": transformers.__version__},
+               "git_commit": perf.git_commit(), "loadavg_start": list(os.getloadavg()), "model": model,
+               "load_s": load_s}
+    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), "
+          f"{perf.usable_cores()} usable cores; tblock path {p['name']} (LLVM cpu {p['cpu']}); "
+          f"{threads['requested']} threads (numba {threads['numba']}, torch {threads['torch']})")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, tblock commit {results['git_commit']}, "
+          f"load average {results['loadavg_start'][0]:.2f}")
+    return results
+
+
+def finish_record(results: dict, json_path: str | None) -> None:
+    """The run's last line (the load, which says how far to trust it) and its JSON."""
+    import numba
+    results["loadavg_end"] = list(os.getloadavg())
+    try:
+        results["threads"]["numba_threading_layer"] = numba.threading_layer()   # known once the pool has run
+    except ValueError:
+        results["threads"]["numba_threading_layer"] = "not started: every call ran serially"
+    print(f"\nload average at start {results['loadavg_start'][0]:.2f}, at end {results['loadavg_end'][0]:.2f} "
+          f"(above the thread count: other work shared the cores)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
 def bench_point(hf, ours, T: int, budget_s: float, min_reps: int) -> dict:
     import torch
     ids = np.random.default_rng(T).integers(0, hf.config.vocab_size, (1, T))
@@ -105,20 +140,9 @@ def main(argv=None):
 
     peers.import_early(["torch"])           # torch before Numba's pool (tblock.peers says why)
     threads, _ = perf.pin_threads(args.threads, with_torch=True)
-    import numba
-    import torch
-    import transformers
     hf, ours, load_s = build(args.model, seed=0)
-    c, p = perf.cpu_info(), perf.vector_path()
-    results = {"cpu": c, "isa": p, "threads": threads, "usable_cores": perf.usable_cores(),
-               "versions": {"python": platform.python_version(), **perf.versions(),
-                            "transformers": transformers.__version__},
-               "git_commit": perf.git_commit(), "loadavg_start": list(os.getloadavg()),
-               "model": args.model, "load_s": load_s, "points": []}
-    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), "
-          f"{perf.usable_cores()} usable cores; tblock path {p['name']} (LLVM cpu {p['cpu']}); "
-          f"{args.threads} threads (numba {threads['numba']}, torch {threads['torch']})")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, tblock commit {results['git_commit']}")
+    results = run_record(threads, args.model, load_s)
+    results["points"] = []
     shape = "GPT-2 small shape" if args.model == SMALL else f"shape {args.model}"
     print(f"{shape}, random weights, float32, B = 1; GPT2.from_pretrained {load_s:.1f} s; "
           f"median of interleaved rounds, logits included\n", flush=True)
@@ -129,16 +153,7 @@ def main(argv=None):
         m = r["median_s"]
         print(f"{T:>6} {m['tblock'] * 1e3:>8.1f} ms {m['transformers'] * 1e3:>10.1f} ms {r['ratio']:>7.2f} "
               f"{r['max_rel_err']:>12.1e}", flush=True)
-    results["loadavg_end"] = list(os.getloadavg())
-    try:
-        threads["numba_threading_layer"] = numba.threading_layer()     # known once the pool has run
-    except ValueError:
-        threads["numba_threading_layer"] = "not started: every call ran serially"
-    print(f"\nload average at start {results['loadavg_start'][0]:.2f}, at end {results['loadavg_end'][0]:.2f} "
-          f"(above the thread count: other work shared the cores)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+    finish_record(results, args.json)
     return 0
 
 
