@@ -39,7 +39,6 @@ serial and the parallel build's fast-math code, on the thread count.
 
 from __future__ import annotations
 
-
 import numpy as np
 from numba import prange
 

@@ -4,6 +4,7 @@
     kt_len       elements of one head's packed K^T (pack_kt's panels of NR keys)
     v_stride     row stride of one head's packed V (d_k rounded up to NR)
     packed_len   elements of a packed (K, N) weight in the flat weight buffer
+    bias_len     elements of a projection's bias there (whole panels)
     weight_layout  offsets of every weight in that buffer
     rows_per_task, stage_grid, task_tile   how a stage of the block splits into tasks
 """
@@ -53,6 +54,13 @@ def packed_len(K, N, NR):
 
 
 @kernel
+def bias_len(n, NR):
+    """Elements a projection's bias of n columns takes in the flat weight buffer: whole
+    panels (the micro-kernel loads a panel's bias as one row), rounded up to a 64-byte line."""
+    return (panels(n, NR) * NR + 15) // 16 * 16
+
+
+@kernel
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
     o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
@@ -72,8 +80,8 @@ def weight_layout(d, dff, NR):
     o_g2 = o_be1 + up(d)
     o_be2 = o_g2 + up(d)
     o_bqkv = o_be2 + up(d)
-    o_bo = o_bqkv + 3 * up(panels(d, NR) * NR)
-    total = o_bo + up(panels(d, NR) * NR)
+    o_bo = o_bqkv + 3 * bias_len(d, NR)
+    total = o_bo + bias_len(d, NR)
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, total
 
 

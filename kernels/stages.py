@@ -13,7 +13,7 @@ from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import KC, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
-from .layout import ceil_div, kt_len, packed_len, panels, row_piece, v_stride, weight_layout
+from .layout import bias_len, ceil_div, kt_len, packed_len, panels, row_piece, v_stride, weight_layout
 from .options import kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 
@@ -197,7 +197,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
     NR = panel_lanes(Wf)
     npd = panels(d, NR)
     wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
-    bsz = (npd * NR + 15) // 16 * 16            # and so do their padded biases
+    bsz = bias_len(d, NR)                       # and so do their biases
     m = r1 - r0
     dk = d // n_heads
     if pre_ln:

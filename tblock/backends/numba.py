@@ -33,7 +33,7 @@ from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ..kernels.block import attention_core, block_parallel, block_serial
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
-from ..kernels.layout import (ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
+from ..kernels.layout import (bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
                              weight_layout)
 from ..kernels.options import JIT
 from ..kernels.simd import panel_lanes
@@ -91,7 +91,7 @@ def _pack_weights(weights, dtype) -> np.ndarray:
     flat[o_g2:o_g2 + d] = 1 if weights.ln2_gamma is None else cast(weights.ln2_gamma)
     flat[o_be2:o_be2 + d] = 0 if weights.ln2_beta is None else cast(weights.ln2_beta)
     if weights.b_q is not None:         # otherwise zeros, the padding past d_model too
-        bstep = (o_bo - o_bqkv) // 3
+        bstep = bias_len(d, NR)
         for j, b in enumerate((weights.b_q, weights.b_k, weights.b_v)):
             flat[o_bqkv + j * bstep:o_bqkv + j * bstep + d] = cast(b)
         flat[o_bo:o_bo + d] = cast(weights.b_o)
@@ -361,7 +361,7 @@ def components(cfg, weights, dtype):
         T = X.shape[0]
         qkv = np.empty(T * 3 * d, dtype=dtype)
         step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
-        bstep = (o_bo - o_bqkv) // 3    # and so are their padded biases
+        bstep = bias_len(d, NR)         # and so are their biases
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
             parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d,
                           o_bqkv + j * bstep, pass_threads=True)
