@@ -237,11 +237,12 @@ class Stack:
             self._check_caches(cache, H)
         traces = []
         for i, block in enumerate(self.blocks):
+            c = None if cache is None else cache[i]
             if trace:
-                H, tr = block(H, backend=backend, trace=True)
+                H, tr = block(H, backend=backend, trace=True, cache=c)    # with a cache: refused
                 traces.append(tr)
             else:
-                H = block(H, backend=backend, cache=None if cache is None else cache[i])
+                H = block(H, backend=backend, cache=c)
         return (H, traces) if trace else H
 
     def _check_caches(self, caches, H) -> None:

@@ -457,6 +457,15 @@ def test_stack_with_a_bad_cache_list_changes_no_cache(change, error, match):
         assert_unchanged(c, snap)
 
 
+def test_stack_trace_with_caches_is_refused():
+    cfg = CASES["pre-all-biases-dk2"]
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=30 + l) for l in range(2)])
+    caches = stack.make_cache(max_T=4, dtype=np.float64)
+    with pytest.raises(ValueError, match="trace=True cannot be combined with a cache"):
+        stack(sequences(cfg, 1, 2, np.float64)[0], trace=True, cache=caches)
+    assert [c.length for c in caches] == [0, 0]
+
+
 def test_stack_nan_input_changes_no_cache():
     cfg, stack, H, caches = _stack_and_caches()
     before = [snapshot(c) for c in caches]
