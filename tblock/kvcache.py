@@ -72,7 +72,11 @@ class KVCache:
         return self.K.nbytes + self.V.nbytes
 
     def reset(self) -> None:
-        """Forget every token (the memory is kept)."""
+        """Forget every token. The memory is kept, and zeroed: the kernels read whole
+        panels, the keys past length among them (masked), and nothing of an old sequence
+        should reach a new one even so."""
+        self.K.fill(0)
+        self.V.fill(0)
         self.length = 0
 
     def _kt(self, b: int) -> np.ndarray:
