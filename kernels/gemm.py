@@ -166,7 +166,10 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
             nxt = pb + kc * NR if kc0 + kc < K else b_off + (p + 1) * ldp
             per = (kc * NR // W + ntiles - 1) // ntiles    # its cache lines per row tile
             if (kc0 + kc >= K and p + 1 >= p1) or ntiles == 1:
-                per = 0                     # the last slice: nothing follows it
+                # the last slice: nothing follows it; one row tile: the whole next slice
+                # at once (512 prefetches before a GEMV's slice) stalled the stream the
+                # hardware prefetcher follows anyway
+                per = 0
             line = nxt
             for i in range(i0, i1, MR):
                 for q in range(per):
