@@ -50,7 +50,8 @@ import numpy as np
 from tblock import peers, perf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpt2 import SMALL, build, finish_record, parse_model, rel_err, run_record  # noqa: E402  (the same model)
+from bench_gpt2 import (SMALL, add_run_arguments, build, finish_record, int_list,  # noqa: E402  (the same model)
+                        parse_run_arguments, rel_err, run_record)
 
 
 def rss_bytes() -> int:
@@ -181,22 +182,14 @@ def memory_point(hf, ours, prompt_len, steps) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ints = lambda s: [int(x) for x in s.split(",")]     # noqa: E731
-    ap.add_argument("--contexts", type=ints, default=[128, 1024], metavar="L,L",
+    ap.add_argument("--contexts", type=int_list, default=[128, 1024], metavar="L,L",
                     help="decode-step contexts (keys attended; default 128,1024)")
     ap.add_argument("--prefill", type=int, default=1024, help="prefill length (default 1024)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the memory check (default 200)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for tblock and torch (default 2)")
-    ap.add_argument("--budget", type=float, default=15.0, help="seconds of interleaved rounds per point")
-    ap.add_argument("--min-reps", type=int, default=7, help="timed samples per library per point at least")
     ap.add_argument("--bandwidth-mib", type=int, default=1024, help="buffer of the bandwidth measurement")
-    ap.add_argument("--model", type=parse_model, default=SMALL, metavar="L:D:H:V",
-                    help="another shape, n_layer:n_embd:n_head:vocab_size (default GPT-2 small)")
-    ap.add_argument("--json", metavar="FILE", help="also write the results here")
-    args = ap.parse_args(argv)
+    add_run_arguments(ap, budget_s=15.0)
+    args = parse_run_arguments(ap, argv)
     n_pos = args.model["n_positions"]
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
     bad = [L for L in args.contexts + [args.prefill] if not 1 <= L <= n_pos]
     if bad:
         ap.error(f"--contexts and --prefill must lie in 1..{n_pos}, got {bad}")

@@ -121,19 +121,34 @@ def bench_point(hf, ours, T: int, budget_s: float, min_reps: int) -> dict:
             "ratio": med["tblock"] / med["transformers"]}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=lambda s: [int(x) for x in s.split(",")], default=[128, 1024],
-                    metavar="T,T", help="sequence lengths (default 128,1024)")
+def int_list(text: str) -> list[int]:
+    """"128,1024" -> [128, 1024]."""
+    return [int(x) for x in text.split(",")]
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, budget_s: float) -> None:
+    """The options every run against transformers takes (this script and bench_decode)."""
     ap.add_argument("--threads", type=int, default=2, help="threads for tblock and torch (default 2)")
-    ap.add_argument("--budget", type=float, default=20.0, help="seconds of interleaved rounds per point")
+    ap.add_argument("--budget", type=float, default=budget_s, help="seconds of interleaved rounds per point")
     ap.add_argument("--min-reps", type=int, default=7, help="timed samples per library per point at least")
     ap.add_argument("--model", type=parse_model, default=SMALL, metavar="L:D:H:V",
                     help="another shape, n_layer:n_embd:n_head:vocab_size (default GPT-2 small: 12:768:12:50257)")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
+
+
+def parse_run_arguments(ap: argparse.ArgumentParser, argv):
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
+    return args
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int_list, default=[128, 1024], metavar="T,T",
+                    help="sequence lengths (default 128,1024)")
+    add_run_arguments(ap, budget_s=20.0)
+    args = parse_run_arguments(ap, argv)
     bad = [T for T in args.points if not 1 <= T <= SMALL["n_positions"]]
     if bad:
         ap.error(f"--points must lie in 1..{SMALL['n_positions']}, got {bad}")

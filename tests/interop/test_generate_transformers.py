@@ -99,13 +99,10 @@ def test_the_sampling_distribution_is_transformers(pair, temperature, top_k, top
 
 def test_decode_benchmark_script_runs(tmp_path):
     """bench/bench_decode.py end to end at a tiny shape, once (make bench-decode runs GPT-2 small)."""
-    import importlib.util
     import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_decode.py"
-    spec = importlib.util.spec_from_file_location("bench_decode", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+
+    from conftest import load_bench
+    bench = load_bench("bench_decode")
     out = tmp_path / "decode.json"
     # d_k = 64, a whole number of panels on every vector path: the cache has no padding
     assert bench.main(["--model", "1:64:1:300", "--contexts", "5,9", "--prefill", "16", "--budget", "0",

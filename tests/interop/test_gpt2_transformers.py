@@ -137,13 +137,10 @@ def test_variants_tblock_cannot_run_are_refused(tmp_path, key):
 
 def test_benchmark_script_runs(tmp_path):
     """bench/bench_gpt2.py end to end at a tiny shape, once (make bench-gpt2 runs GPT-2 small)."""
-    import importlib.util
     import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_gpt2.py"
-    spec = importlib.util.spec_from_file_location("bench_gpt2", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+
+    from conftest import load_bench
+    bench = load_bench("bench_gpt2")
     out = tmp_path / "gpt2.json"
     assert bench.main(["--model", "1:32:2:300", "--points", "5,9", "--budget", "0", "--min-reps", "1",
                        "--json", str(out)]) == 0
