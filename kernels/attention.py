@@ -59,7 +59,7 @@ def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
             vstore_n(Y, dst + c, zero, ldy - c)
 
 
-@kernel
+@kernel(standalone=True)
 def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, scale,
                BK, Qt, S, O, mrow, lrow, out, out_off, ldout):
     """Attention output of queries q0..q1-1 of one head of one sequence.
@@ -102,7 +102,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             vstore_n(out, out_off + i * ldout + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
 
 
-@kernel
+@kernel(standalone=True)
 def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, vc2,
               BK, S, O, mrow, lrow, NR, W, zero):
     """One key tile (keys k0..k0+kn-1) against the task's queries s0..s1-1 (relative to

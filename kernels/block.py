@@ -42,14 +42,12 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .gemm import KC, gemm_block
-from .layernorm import layernorm_rows
-from .layout import ceil_div, panels, row_piece, rows_per_task, stage_grid, task_tile, weight_layout
+from .layout import ceil_div, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from .options import kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
-                     cache_packed_task, cache_rows_task, copy_add, ffn_down_task,
-                     ffn_tile, ffn_up_task, layernorm_piece, pack_head, qkv_task)
+                     cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task,
+                     ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
 from .validate import all_finite
 
 
@@ -164,11 +162,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
     for t in prange(ntasks):
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
-        c0 = p0 * NR
-        c1 = min(d, p1 * NR)
-        for r in range(r0, r1):
-            copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
-        gemm_block(q, 0, ldq, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC, o_bo)
+        out_proj_task(q, ldq, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out)
 
     # 4. FFN
     if nthr > 1 and rows <= MF * nthr:
@@ -177,11 +171,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
         xn = np.empty(rows * d, dtype=dt)
         for t in prange(nthr):
-            layernorm_piece(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps)
-            if not pre_ln:
-                # Post-LN: H_mid = LN1(H + A_out) is the FFN's input and its residual
-                r0, r1 = row_piece(t, nthr, rows)
-                copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
+            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps, pre_ln)
         ldh = dff + 64 // Wf.itemsize      # a cache line past 4 KiB multiples (ffn_tile)
         hid = np.empty(rows * ldh, dtype=dt)
         np1 = panels(dff, NR)
@@ -193,24 +183,10 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
             for t in prange(nthr):
                 layernorm_piece(out, out, t, nthr, rows, d, Wf, o_g2, o_be2, eps)
         return out3, True
-    # per row tile, residual and LayerNorms fused (ffn_tile)
+    # per row tile, residual and LayerNorms fused (ffn_rows_task)
     mf = rows_per_task(rows, MF, nthr)
     for t in prange(ceil_div(rows, mf)):
-        r0 = t * mf
-        m = min(rows, r0 + mf) - r0
-        if pre_ln:
-            # H_mid is in out; the FFN reads LN2(H_mid)
-            xn = np.empty(m * d, dtype=dt)
-            layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g2, o_be2, eps)
-            ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
-        else:
-            # out holds H + A_out: H_mid = LN1(that) goes to xn (the FFN's input) and back
-            # into out (its residual): ffn_tile writes out while it still reads its input
-            xn = np.empty(m * d, dtype=dt)
-            layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g1, o_be1, eps)
-            copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)
-            ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
-            layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
+        ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
 
     return out3, True
 

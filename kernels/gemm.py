@@ -124,7 +124,7 @@ def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, ac
                 bias_off)
 
 
-@kernel(readonly=("A", "Bp"))
+@kernel(readonly=("A", "Bp"), standalone=True)
 def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
                 bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially.

@@ -1,8 +1,13 @@
 """Compiler options shared by every kernel."""
 
+import functools
+import hashlib
+import importlib
 import types as pytypes
 
-from numba.core import types
+import llvmlite.binding as llvm
+from numba.core import cgutils, imputils, types
+from numba.core.base import OverloadSelector
 from numba.core.registry import CPUDispatcher
 
 from .cache import CACHE_PATH
@@ -18,6 +23,13 @@ FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # that serial calls from several Python threads run at once; error_model="numpy" so x/0
 # gives inf/nan instead of Python's branch and exception on every division.
 JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_model="numpy")
+
+# What ``parallel=True`` means for a kernel: explicit prange loops only.  The kernels write
+# every loop they want parallel as a prange; Numba's search for implicitly parallel array
+# expressions and loops to fuse only adds compile time (a third of the parallel block's
+# ParforPass).
+PRANGE_ONLY = dict(comprehension=False, reduction=False, inplace_binop=False, setitem=False, numpy=False,
+                   stencil=False, fusion=False, prange=True)
 
 
 def _canonical(t):
@@ -41,18 +53,29 @@ class KernelDispatcher(CPUDispatcher):
       array converts to a read-only one, so a scratch buffer and the caller's input share
       one build (micro_kernel was built three times)."""
 
+    readonly_positions = ()
+    standalone = False
+
     def get_call_template(self, args, kws):
-        readonly = getattr(self, "readonly_positions", ())
         args = tuple(_canonical(a) for a in args)
-        args = tuple(a.copy(readonly=True) if i in readonly and isinstance(a, types.Array) else a
-                     for i, a in enumerate(args))
+        args = tuple(a.copy(readonly=True) if i in self.readonly_positions and isinstance(a, types.Array)
+                     else a for i, a in enumerate(args))
         return super().get_call_template(args, {k: _canonical(v) for k, v in kws.items()})
 
+    def add_overload(self, cres):
+        super().add_overload(cres)
+        if self.standalone:
+            _call_by_address(self, cres)
 
-def kernel(fn=None, readonly=(), **options):
+
+def kernel(fn=None, readonly=(), standalone=False, **options):
     """``@njit(**JIT, **options)`` with a KernelDispatcher: the decorator of every kernel.
-    ``readonly``: names of array parameters the kernel never writes (typed read-only)."""
+    ``readonly``: names of array parameters the kernel never writes (typed read-only).
+    ``standalone``: compiled code calls the kernel through its address (_call_by_address)
+    instead of carrying a copy of it; for coarse kernels, called once per task."""
     opts = {**JIT, **options, "nopython": True, "boundscheck": None}
+    if opts.get("parallel") is True:
+        opts["parallel"] = dict(PRANGE_ONLY)        # a copy: Numba empties the dict it is given
     cache = opts.pop("cache")
 
     def wrap(f):
@@ -62,6 +85,7 @@ def kernel(fn=None, readonly=(), **options):
             raise TypeError(f"{f.__name__} has no parameters {sorted(unknown)}")
         disp = KernelDispatcher(py_func=f, locals={}, targetoptions=opts)
         disp.readonly_positions = tuple(names.index(n) for n in readonly)
+        disp.standalone = standalone
         if cache:
             disp.enable_caching()
         return disp
@@ -80,3 +104,54 @@ def serial_and_parallel(fn, name):
         f.__doc__ = fn.__doc__
         return kernel(f, parallel=parallel)
     return copy("serial", False), copy("parallel", True)
+
+
+def _symbol(module, qualname, argtypes):
+    """The name a standalone kernel's entry point is published under: one per kernel and
+    signature, the same in every process (a cached caller refers to it by this name)."""
+    key = hashlib.sha256(repr((module, qualname, argtypes)).encode()).hexdigest()[:16]
+    return f"tblock.kernel.{qualname}.{key}"
+
+
+def _publish(module, qualname, argtypes):
+    """Compile, or load from the cache, the standalone kernel ``module.qualname`` for
+    argtypes, which publishes its entry point (KernelDispatcher.add_overload)."""
+    getattr(importlib.import_module(module), qualname).compile(argtypes)
+
+
+def _call_by_address(disp, cres):
+    """Make compiled callers call this overload of a standalone kernel through its address.
+
+    Why: Numba links a copy of every callee into each caller's module, then optimises it and
+    generates its machine code again there.  A parallel loop is three such modules (the
+    loop's body, its gufunc wrapper and the wrapper's wrapper), all linked into the
+    function's own: with thirteen loops, the parallel block compiled its tasks some forty
+    times over, most of a first call's 20 s.  Instead, the entry point is published to the
+    JIT linker under a fixed name (_symbol) and callers declare that name and call it, so
+    each kernel is compiled once per signature.  A caller records the kernels it calls
+    (its library's reload_init), so that loading it from Numba's cache publishes them first.
+
+    Numba internals used: a user function's implementation in the target context's
+    registry (_defns, as Numba's insert_user_function fills it), and a code library's
+    _reload_init."""
+    fndesc = cres.fndesc
+    module, qualname, argtypes = disp.py_func.__module__, disp.py_func.__qualname__, tuple(cres.signature.args)
+    symbol = _symbol(module, qualname, argtypes)
+    llvm.add_symbol(symbol, cres.library.get_pointer_to_function(fndesc.llvm_func_name))
+    republish = functools.partial(_publish, module, qualname, argtypes)
+
+    def call(context, builder, sig, args):
+        context.active_code_library._reload_init.add(republish)
+        fnty = context.call_conv.get_function_type(fndesc.restype, fndesc.argtypes)
+        callee = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+        status, res = context.call_conv.call_function(builder, callee, fndesc.restype, fndesc.argtypes, args)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        res = imputils.fix_returning_optional(context, builder, sig, status, res)
+        return imputils.impl_ret_new_ref(context, builder, fndesc.restype, res)
+
+    call.signature = fndesc.argtypes
+    call.libs = ()                  # nothing linked: the point
+    selector = OverloadSelector()
+    selector.append(call, fndesc.argtypes)
+    disp.targetctx._defns[cres.entry_point] = selector
