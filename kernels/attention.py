@@ -102,7 +102,7 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
             vstore_n(out, out_off + i * ldout + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, vc2,
               BK, S, O, mrow, lrow, NR, W, zero):
     """One key tile (keys k0..k0+kn-1) against the task's queries s0..s1-1 (relative to

@@ -23,9 +23,12 @@ tasks (``stages``; their tile and stride arithmetic: ``layout``):
 With few rows for the threads, the GEMM stages give every task all the rows and one
 column panel (``stage_grid``), and the Pre-LN's LN1 becomes a stage of its own.
 
-``block_parallel`` runs every stage's tasks with ``prange``; ``block_serial`` is the
-same code compiled without it, for sizes where launching a parallel region costs more
-than the work (the lesson's toy block).  Callers of
+A call plans the stages it needs and runs each stage's tasks from one loop per half of
+the block (attention_stages_task: 1-2; output_stages_task: 3-4, once the output buffer
+exists).  ``block_parallel`` runs a stage's tasks with ``prange``: Numba builds three
+modules for every prange loop, so one loop for all stages keeps a first call's compile
+short.  ``block_serial`` is the same code compiled without it, for sizes where launching
+a parallel region costs more than the work (the lesson's toy block).  Callers of
 ``block_parallel`` should set numba's parallel chunk size to 1 (it is thread-local):
 tasks are coarse and causal attention tasks differ in cost, so dynamic scheduling
 one task at a time balances the cores (each head's costly query tiles are issued first).
@@ -71,6 +74,76 @@ def attention_core(qkv, T, d, n_heads, causal):
         attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp, 0, T)
 
 
+# The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
+# heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
+LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
+OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
+
+
+@kernel(internal=True)
+def plan_stage(plan, n, stage, ntasks):
+    """Append (stage, ntasks) as row n of plan; the next free row."""
+    plan[n, 0] = stage
+    plan[n, 1] = ntasks
+    return n + 1
+
+
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def attention_stages_task(stage, t, H, X, Wf, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
+                          ln_in_task, q, ldq, kt, vp, packed, srow, Kc, Vc, past, max_T):
+    """Task t of ``stage`` (LN1 .. CACHE_FIRST) of _block, which sets out the arguments."""
+    NR = panel_lanes(Wf)
+    layout = weight_layout(d, dff, NR)
+    o_qkv, o_g1, o_be1, o_bqkv = layout[0], layout[6], layout[7], layout[10]
+    rows = H.size // d
+    if stage == LN1:
+        layernorm_piece(H, X, t, nthr, rows, d, Wf, o_g1, o_be1, eps)
+    elif stage == QKV:
+        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, 3 * panels(d, NR))
+        qkv_task(X, Wf, o_qkv, o_g1, o_be1, o_bqkv, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
+                 q, ldq, kt, vp, packed)
+    elif stage == CACHE_NEW:
+        cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
+    elif stage == ATTEND_CACHED:
+        if T <= BQ:                 # one query tile: the task's own head, appended before it is read
+            cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
+        attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T)
+    elif stage == ATTEND_DIRECT:
+        if past == 0:
+            cache_rows_task(q, T, d, n_heads, t, Kc, Vc, 0, max_T)
+        attention_direct_task(q, T, d, n_heads, causal, t, srow)
+    elif stage == ATTEND:
+        attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T)
+    else:
+        cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
+
+
+@kernel(readonly=("H", "q", "Wf"), standalone=True, internal=True)
+def output_stages_task(stage, t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, mc, groups, mf,
+                       out, xn, hid, ldh):
+    """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of _block, which sets out the arguments."""
+    NR = panel_lanes(Wf)
+    layout = weight_layout(d, dff, NR)
+    o_o, o_g1, o_be1, o_g2, o_be2, o_bo = layout[1], layout[6], layout[7], layout[8], layout[9], layout[11]
+    rows = H.size // d
+    if stage == OUT_PROJ:
+        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, panels(d, NR))
+        out_proj_task(q, ldq, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out)
+    elif stage == FFN_IN:
+        if pre_ln:
+            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g2, o_be2, eps, pre_ln)
+        else:
+            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g1, o_be1, eps, pre_ln)
+    elif stage == FFN_UP:
+        ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
+    elif stage == FFN_DOWN:
+        ffn_down_task(hid, ldh, rows, d, dff, Wf, out, t)
+    elif stage == LN_POST:
+        layernorm_piece(out, out, t, nthr, rows, d, Wf, o_g2, o_be2, eps)
+    else:
+        ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
+
+
 def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
     """The block on H3 (B, T, d) C-contiguous: (H_out, True) with H_out a new (B, T, d)
     array, or (an empty array, False) when H3 holds a NaN or an Inf;
@@ -90,7 +163,6 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     # reports where the NaN or the Inf is.
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), False
-    o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, _ = weight_layout(d, dff, NR)
     rows = H.size // d
     nseq = rows // T
     dt = H.dtype
@@ -106,52 +178,43 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         ldq = d
         q = np.empty(rows * ldq, dtype=dt)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
+    plan = np.empty((4, 2), dtype=np.intp)     # rows (stage, number of tasks), in order
+    n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
-    npq = 3 * panels(d, NR)
-    mc, groups, ntasks = stage_grid(rows, npq, MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, 3 * panels(d, NR), MC, nthr)
     X, ln_in_task = H, pre_ln
     if pre_ln and groups > 4:
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
         # in every task (each task of a group of four redoes its rows' LN1)
         X = np.empty(rows * d, dtype=dt)
-        for t in prange(nthr):
-            layernorm_piece(H, X, t, nthr, rows, d, Wf, o_g1, o_be1, eps)
+        n = plan_stage(plan, n, LN1, nthr)
         ln_in_task = False
-    for t in prange(ntasks):
-        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npq)
-        qkv_task(X, Wf, o_qkv, o_g1, o_be1, o_bqkv, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
-                 q, ldq, kt, vp, not direct)
-
+    n = plan_stage(plan, n, QKV, ntasks)
+    # 2. attention per (sequence, head[, query tile]), head by head, costly tiles first
+    nbh = nseq * n_heads
+    nqt = ceil_div(T, BQ)
+    srow = np.empty(nbh * T if direct and not extend else 0)
     if extend:
-        # 2. with tokens cached: the new keys and values go into the cache, then every
-        # (sequence, head, query tile) attends over all of it, as below; a decode step's
-        # query reads the cached keys and values through the micro-kernel's one-row loop
-        nqt = ceil_div(T, BQ)
+        # with tokens cached: the new keys and values go into the cache, then the queries
+        # attend over all of it; a decode step's query reads the cached keys and values
+        # through the micro-kernel's one-row loop
         if nqt > 1:
-            for t in prange(nseq * n_heads):
-                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
-        for t in prange(nseq * n_heads * nqt):
-            if nqt == 1:            # the task's own head: appended before it is read
-                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
-            attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T)
+            n = plan_stage(plan, n, CACHE_NEW, nbh)
+        n = plan_stage(plan, n, ATTEND_CACHED, nbh * nqt)
     elif direct:
-        # 2. for tiny sequences: one task per (sequence, head), no packing
-        srow = np.empty(nseq * n_heads * T)
-        for t in prange(nseq * n_heads):
-            if past == 0:
-                cache_rows_task(q, T, d, n_heads, t, Kc, Vc, 0, max_T)
-            attention_direct_task(q, T, d, n_heads, causal, t, srow)
+        # tiny sequences: one task per (sequence, head), no packing
+        n = plan_stage(plan, n, ATTEND_DIRECT, nbh)
     else:
-        # 2. attention per (sequence, head, query tile), head by head, costly tiles first
-        nqt = ceil_div(T, BQ)
-        for t in prange(nseq * n_heads * nqt):
-            attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T)
+        n = plan_stage(plan, n, ATTEND, nbh * nqt)
         if past == 0:
             # a first chunk into an empty cache: its keys and values, packed as the cache
             # holds them, copied there
-            for t in prange(nseq * n_heads):
-                cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
+            n = plan_stage(plan, n, CACHE_FIRST, nbh)
+    for s in range(n):
+        for t in prange(plan[s, 1]):
+            attention_stages_task(plan[s, 0], t, H, X, Wf, T, d, n_heads, dff, causal, eps, nthr, mc,
+                                  groups, ln_in_task, q, ldq, kt, vp, not direct, srow, Kc, Vc, past, max_T)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
@@ -160,34 +223,28 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     out = out3.reshape(out3.size)
     npo = panels(d, NR)
     mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
-    for t in prange(ntasks):
-        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npo)
-        out_proj_task(q, ldq, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out)
-
+    n = plan_stage(plan, 0, OUT_PROJ, ntasks)
     # 4. FFN
-    if nthr > 1 and rows <= MF * nthr:
-        # few rows for the threads: the hidden layer whole, in two GEMM stages split by
-        # columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
-        o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
-        xn = np.empty(rows * d, dtype=dt)
-        for t in prange(nthr):
-            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps, pre_ln)
-        ldh = dff + 64 // Wf.itemsize      # a cache line past 4 KiB multiples (ffn_tile)
-        hid = np.empty(rows * ldh, dtype=dt)
-        np1 = panels(dff, NR)
-        for t in prange(np1):
-            ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
-        for t in prange(npo):
-            ffn_down_task(hid, ldh, rows, d, dff, Wf, out, t)
-        if not pre_ln:
-            for t in prange(nthr):
-                layernorm_piece(out, out, t, nthr, rows, d, Wf, o_g2, o_be2, eps)
-        return out3, True
-    # per row tile, residual and LayerNorms fused (ffn_rows_task)
     mf = rows_per_task(rows, MF, nthr)
-    for t in prange(ceil_div(rows, mf)):
-        ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
-
+    ldh = dff + 64 // Wf.itemsize          # a cache line past 4 KiB multiples (ffn_tile)
+    if nthr > 1 and rows <= MF * nthr:
+        # few rows for the threads: LN, then the hidden layer whole, in two GEMM stages
+        # split by columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
+        xn = np.empty(rows * d, dtype=dt)
+        hid = np.empty(rows * ldh, dtype=dt)
+        n = plan_stage(plan, n, FFN_IN, nthr)
+        n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
+        n = plan_stage(plan, n, FFN_DOWN, npo)
+        if not pre_ln:
+            n = plan_stage(plan, n, LN_POST, nthr)
+    else:
+        # per row tile, residual and LayerNorms fused (ffn_rows_task)
+        xn = hid = np.empty(0, dtype=dt)
+        n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
+    for s in range(n):
+        for t in prange(plan[s, 1]):
+            output_stages_task(plan[s, 0], t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, mc, groups,
+                               mf, out, xn, hid, ldh)
     return out3, True
 
 

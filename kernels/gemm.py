@@ -35,7 +35,7 @@ def panel_width(dtype) -> int:
     return NV * PATH.vector_bytes // np.dtype(dtype).itemsize
 
 
-@kernel(readonly=("A", "B"))
+@kernel(readonly=("A", "B"), internal=True)
 def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, accumulate, bias_off):
     """C[0:m, 0:n] (+)= [bias +] A[0:m, 0:K] @ B[0:K, 0:NR] for m <= MR, n <= NR.
 
@@ -83,7 +83,7 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
         _store_row(C, c_off + 5 * ldc, n, accumulate, c5)
 
 
-@kernel
+@kernel(internal=True)
 def _store_row(C, off, n, accumulate, v):
     """C.flat[off : off + n] (+)= v[:n]: one full-width store when the row is whole."""
     if n >= panel_lanes(C):
@@ -114,7 +114,7 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
         panels[p, :, :cols.shape[1]] = cols
 
 
-@kernel(inline="always", readonly=("A", "Bp"))
+@kernel(readonly=("A", "Bp"))
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC, bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially, for a
     packed B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is

@@ -15,37 +15,37 @@ from .isa import MR
 from .options import kernel
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def ceil_div(n, k):
     """Pieces of k that hold n (the last one partial)."""
     return (n + k - 1) // k
 
 
-@kernel(inline="always")
+@kernel
 def panels(n, NR):
     """Column panels of NR that hold n columns (the last one padded)."""
     return ceil_div(n, NR)
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def row_piece(t, pieces, rows):
     """Rows r0:r1 of piece t of ``pieces`` near-equal row ranges."""
     return t * rows // pieces, (t + 1) * rows // pieces
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def kt_len(T, dk, NR):
     """Elements of one head's packed K^T: panels of NR keys, d_k rows each."""
     return panels(T, NR) * dk * NR
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def v_stride(dk, NR):
     """Row stride of one head's packed V: d_k rounded up to NR, zeros past d_k."""
     return panels(dk, NR) * NR
 
 
-@kernel(inline="always")
+@kernel
 def packed_len(K, N, NR):
     """Elements a packed (K, N) matrix takes in the flat weight buffer: its panels,
     rounded up to a whole number of 64-byte lines (16 float32 / 8 float64 elements, so
@@ -53,14 +53,14 @@ def packed_len(K, N, NR):
     return (panels(N, NR) * K * NR + 15) // 16 * 16
 
 
-@kernel(inline="always")
+@kernel
 def bias_len(n, NR):
     """Elements a projection's bias of n columns takes in the flat weight buffer: whole
     panels (the micro-kernel loads a panel's bias as one row), rounded up to a 64-byte line."""
     return (panels(n, NR) * NR + 15) // 16 * 16
 
 
-@kernel(inline="always")
+@kernel
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
     o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
@@ -85,7 +85,7 @@ def weight_layout(d, dff, NR):
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, total
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def rows_per_task(rows, cap, nthr):
     """Rows per task for a stage over ``rows`` rows: at most ``cap``, a multiple of the
     micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
@@ -95,7 +95,7 @@ def rows_per_task(rows, cap, nthr):
     return max(MR, ceil_div(ceil_div(rows, ntask), MR) * MR)
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def stage_grid(rows, npanels, cap, nthr):
     """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
     splits into tasks: (rows per task, panel groups, number of tasks); task_tile numbers them.
@@ -115,7 +115,7 @@ def stage_grid(rows, npanels, cap, nthr):
     return mc, groups, nrb * groups
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def task_tile(t, groups, mc, rows, npanels):
     """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
     of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too

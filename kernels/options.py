@@ -21,8 +21,10 @@ FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Options of every kernel: cache (compiled code is written where tblock.kernels.cache found
 # a writable folder; where there is none, Numba would refuse cache=True at import); nogil so
 # that serial calls from several Python threads run at once; error_model="numpy" so x/0
-# gives inf/nan instead of Python's branch and exception on every division.
-JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_model="numpy")
+# gives inf/nan instead of Python's branch and exception on every division;
+# no_cfunc_wrapper: nothing takes a kernel's C address (a wrapper is compiled code too).
+JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_model="numpy",
+           no_cfunc_wrapper=True)
 
 # What ``parallel=True`` means for a kernel: explicit prange loops only.  The kernels write
 # every loop they want parallel as a prange; Numba's search for implicitly parallel array
@@ -68,12 +70,25 @@ class KernelDispatcher(CPUDispatcher):
             _call_by_address(self, cres)
 
 
-def kernel(fn=None, readonly=(), standalone=False, **options):
+class InternalKernelDispatcher(KernelDispatcher):
+    """A kernel built without the wrapper that converts Python objects (each wrapper is a
+    compiled function of its own, a few tens of ms of a first call): compiled code calls
+    it; a call from Python is refused here, as the missing wrapper would crash."""
+
+    def __call__(self, *args, **kws):
+        raise TypeError(f"{self.py_func.__qualname__} is an internal kernel: it is called from compiled "
+                        "code only")
+
+
+def kernel(fn=None, readonly=(), standalone=False, internal=False, **options):
     """``@njit(**JIT, **options)`` with a KernelDispatcher: the decorator of every kernel.
     ``readonly``: names of array parameters the kernel never writes (typed read-only).
     ``standalone``: compiled code calls the kernel through its address (_call_by_address)
-    instead of carrying a copy of it; for coarse kernels, called once per task."""
+    instead of carrying a copy of it; for coarse kernels, called once per task.
+    ``internal``: called from compiled code only (InternalKernelDispatcher)."""
     opts = {**JIT, **options, "nopython": True, "boundscheck": None}
+    if internal:
+        opts["no_cpython_wrapper"] = True
     if opts.get("parallel") is True:
         opts["parallel"] = dict(PRANGE_ONLY)        # a copy: Numba empties the dict it is given
     cache = opts.pop("cache")
@@ -83,7 +98,8 @@ def kernel(fn=None, readonly=(), standalone=False, **options):
         unknown = set(readonly) - set(names)
         if unknown:
             raise TypeError(f"{f.__name__} has no parameters {sorted(unknown)}")
-        disp = KernelDispatcher(py_func=f, locals={}, targetoptions=opts)
+        cls = InternalKernelDispatcher if internal else KernelDispatcher
+        disp = cls(py_func=f, locals={}, targetoptions=opts)
         disp.readonly_positions = tuple(names.index(n) for n in readonly)
         disp.standalone = standalone
         if cache:

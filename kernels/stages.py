@@ -35,7 +35,7 @@ FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every 
 DIRECT_MAX = 8192
 
 
-@kernel(readonly=("X", "P"))
+@kernel(readonly=("X", "P"), internal=True)
 def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
     """Y.flat[y_off : y_off+n] = X.flat[x_off : x_off+n] (+ P.flat[p_off : p_off+n] if add);
     Y may be X."""
@@ -82,14 +82,14 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
                     out, out_off, d, True, KC, -1)
 
 
-@kernel(readonly=("X", "P"), standalone=True)
+@kernel(readonly=("X", "P"), standalone=True, internal=True)
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
     r0, r1 = row_piece(t, pieces, rows)
     layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
 
 
-@kernel(readonly=("X", "Wf"), standalone=True)
+@kernel(readonly=("X", "Wf"), standalone=True, internal=True)
 def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
     act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
@@ -101,7 +101,7 @@ def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
     bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
 
 
-@kernel(readonly=("hid", "Wf"), standalone=True)
+@kernel(readonly=("hid", "Wf"), standalone=True, internal=True)
 def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
     out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
@@ -116,7 +116,7 @@ def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC, -1)
 
 
-@kernel(readonly=("X", "H", "Wf"), standalone=True)
+@kernel(readonly=("X", "H", "Wf"), standalone=True, internal=True)
 def out_proj_task(X, ldx, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out):
     """Task of stage 3: rows r0..r1, panels p0..p1 of out = H + X @ W_O + b_o; X: the
     heads' outputs, row stride ldx (the residual is the GEMM's initial C)."""
@@ -128,7 +128,7 @@ def out_proj_task(X, ldx, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out):
     gemm_block(X, 0, ldx, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC, o_bo)
 
 
-@kernel(readonly=("Wf",), standalone=True)
+@kernel(readonly=("Wf",), standalone=True, internal=True)
 def ffn_input_task(out, xn, t, pieces, rows, d, Wf, o_g, o_be, eps, pre_ln):
     """Piece t of the FFN's input when its stages are split by columns: xn = LN(out) for
     the piece's rows; Post-LN also puts that H_mid = LN1(H + A_out) back into out, the
@@ -139,7 +139,7 @@ def ffn_input_task(out, xn, t, pieces, rows, d, Wf, o_g, o_be, eps, pre_ln):
         copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
 
 
-@kernel(readonly=("Wf",), standalone=True)
+@kernel(readonly=("Wf",), standalone=True, internal=True)
 def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
     """Stage 4 for rows r0..r1, the residual and LayerNorms fused: out holds H_mid (Pre-LN)
     or H + A_out (Post-LN) and gets the block's output."""
@@ -160,7 +160,7 @@ def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
         layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
 
 
-@kernel
+@kernel(internal=True)
 def attention_buffers(like, nseq, T, d, n_heads):
     """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
     every (sequence, head), in the dtype of ``like``; see attention_task."""
@@ -226,7 +226,7 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
                     vstore_n(Vp, row + c, zero, ldv - c)
 
 
-@kernel(readonly=("H", "Wf"), standalone=True)
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
 def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
              q, ldq, kt, vp, packed):
     """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v],
@@ -270,7 +270,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
             store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def pack_head(qkv, T, d, n_heads, t, kt, vp):
     """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
     contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
@@ -285,7 +285,7 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
     pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
@@ -323,7 +323,7 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
                q, (b * T + q0) * ldq + h * dk, ldq)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
     """Stage 2 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
@@ -338,7 +338,7 @@ def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
                           srow[t * T:(t + 1) * T], qkv, base, ld)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
     """Keys and values of the T new rows of head h = t % n_heads of sequence
     b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
@@ -363,7 +363,7 @@ def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
             vstore_n(Vc, row + c, vload_n(qkv, src + 2 * d + c, dk - c), dk - c)
 
 
-@kernel(standalone=True)
+@kernel(standalone=True, internal=True)
 def cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T):
     """Task t's keys and values of a first chunk, packed by stage 1 (attention_buffers:
     the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
