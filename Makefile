@@ -88,6 +88,12 @@ bench-gpt2: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
 	$(BIN)/python bench/bench_gpt2.py $(GPT2_ARGS)
 
+# the first call from an empty Numba cache and from a filled one, and warmup(), each in fresh
+# processes (minutes; not in `make test`); FIRST_CALL_ARGS adds options, e.g. "--runs 5"
+.PHONY: bench-first-call
+bench-first-call: install-test
+	$(BIN)/python bench/first_call.py $(FIRST_CALL_ARGS)
+
 # decoding with the KV cache, GPT-2-small shape: the step at contexts 128 and 1024 against
 # transformers' cached step and the memory-bandwidth floor (measured in the same run), the
 # prefill of 1024 tokens, the caches' memory (minutes; not in `make test`); DECODE_ARGS adds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -104,7 +105,6 @@ def test_prepared_weights_are_cached_per_dtype():
 def test_the_compiled_block_is_cacheable():
     """Numba refuses to cache a function that touches ctypes globals (get_num_threads()
     inside the block did): after warmup() every top-level kernel has its cache index."""
-    import os
     tblock.warmup()
     from tblock.kernels.block import attention_core, block_parallel, block_serial
     for disp in (block_serial, block_parallel):
@@ -127,6 +127,54 @@ def test_import_loads_numba_but_compiles_nothing():
         "from tblock.kernels.block import block_parallel, block_serial\n"
         "print('numba' in sys.modules, len(block_parallel.signatures), len(block_serial.signatures))\n")
     assert out.split() == ["True", "0", "0"]
+
+
+_CACHED_BLOCK = r"""
+import re, numpy as np, tblock
+from tblock.kernels.block import block_parallel, block_serial
+cfg = tblock.BlockConfig(d_model=24, n_heads=3)
+w = tblock.init_weights(cfg, 1)
+errs = []
+for T in (3, 2000):                             # the serial and the parallel block
+    H = np.random.default_rng(T).standard_normal((T, 24)).astype(np.float32)
+    y = tblock.forward(H, w, cfg, backend="numba")
+    ref = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+    errs.append(float(np.abs(y - ref).max() / np.abs(ref).max()))
+hits = sum(block_parallel.stats.cache_hits.values()) + sum(block_serial.stats.cache_hits.values())
+by_address = linked = "-"
+if hits == 0:                                   # inspection works on freshly compiled code only
+    ir = next(iter(block_parallel.overloads.values())).library.get_llvm_str()
+    by_address = re.search(r'declare [^@]*@"?tblock\.kernel\.attention_stages_task\.', ir) is not None
+    linked = any("qkv_task" in f for f in re.findall(r'^define [^@]*@"?([^"(]+)', ir, re.M))
+print(hits, by_address, linked, max(errs))
+"""
+
+
+def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path):
+    """The parallel block calls its stage tasks through their addresses (kernels.options,
+    standalone=True): its machine code declares them and carries no copy of the tasks.
+    A process that loads the block from Numba's cache must publish those addresses before
+    it links the block (reload_init), or LLVM would abort on the unresolved symbol: the
+    second process loads both blocks and gets the oracle's answer."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_NUM_THREADS": "2"}
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", _CACHED_BLOCK], env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert p.returncode == 0, p.stderr
+        runs.append(p.stdout.split())
+    (hits0, by_address, linked, err0), (hits1, _, _, err1) = runs
+    assert (hits0, by_address, linked) == ("0", "True", "False")
+    assert hits1 == "2"
+    assert float(err0) < 1e-5 and float(err1) < 1e-5
+
+
+def test_an_internal_kernel_refuses_a_call_from_python():
+    """Internal kernels have no wrapper for Python's objects: a call from Python raises
+    instead of jumping into a missing wrapper."""
+    from tblock.kernels.stages import qkv_task
+    with pytest.raises(TypeError, match="qkv_task is an internal kernel"):
+        qkv_task(np.zeros(4), np.zeros(4))
 
 
 _FORWARD_MEMORY = """
