@@ -178,7 +178,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         ldq = d
         q = np.empty(rows * ldq, dtype=dt)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
-    plan = np.empty((4, 2), dtype=np.intp)     # rows (stage, number of tasks), in order
+    plan = np.empty((5, 2), dtype=np.intp)     # (stage, number of tasks) in order; 5 at most
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)

@@ -141,8 +141,8 @@ def _call_by_address(disp, cres):
     Why: Numba links a copy of every callee into each caller's module, then optimises it and
     generates its machine code again there.  A parallel loop is three such modules (the
     loop's body, its gufunc wrapper and the wrapper's wrapper), all linked into the
-    function's own: with thirteen loops, the parallel block compiled its tasks some forty
-    times over, most of a first call's 20 s.  Instead, the entry point is published to the
+    function's own, so a parallel block compiled each of its tasks several times over
+    (docs/perf-log.md).  Instead, the entry point is published to the
     JIT linker under a fixed name (_symbol) and callers declare that name and call it, so
     each kernel is compiled once per signature.  A caller records the kernels it calls
     (its library's reload_init), so that loading it from Numba's cache publishes them first.

@@ -169,6 +169,41 @@ def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path
     assert float(err0) < 1e-5 and float(err1) < 1e-5
 
 
+_BOUNDS_CHECKED = r"""
+import numpy as np, tblock
+worst = 0.0
+for dtype in (np.float32, np.float64):
+    for norm in ("pre", "post"):
+        # serial sizes; a tiled causal one; a parallel one with few rows (the FFN's split path)
+        for d, h, T, B in [(24, 3, 3, 1), (16, 1, 1, 3), (24, 3, 50, 2), (48, 4, 700, 1), (256, 4, 200, 1)]:
+            cfg = tblock.BlockConfig(d_model=d, n_heads=h, norm=norm)
+            w = tblock.init_weights(cfg, 1, dtype=dtype)
+            H = np.random.default_rng(T).standard_normal((B, T, d)).astype(dtype)
+            ref = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+            worst = max(worst, np.abs(tblock.forward(H, w, cfg) - ref).max() / np.abs(ref).max())
+            if norm == "pre" and T > 1:     # a prefill, then one token, through a KV cache
+                cache = tblock.KVCache(cfg, T + 4, batch=B, dtype=dtype)
+                tblock.forward(H[:, :T - 1], w, cfg, cache=cache)
+                last = tblock.forward(H[:, T - 1:], w, cfg, cache=cache)
+                worst = max(worst, np.abs(last - ref[:, T - 1:]).max() / np.abs(ref).max())
+print(worst)
+"""
+
+
+def test_every_block_path_stays_in_bounds(tmp_path):
+    """The block's buffers and indices under Numba's bounds checking (NUMBA_BOUNDSCHECK=1
+    overrides the kernels' setting; a separate cache folder keeps the checked code apart):
+    the serial and the parallel block, Pre-LN and Post-LN, the untiled, tiled and cached
+    attention, the FFN by row tiles and split by columns, both dtypes.  Without the check an
+    index past a buffer's end reads or writes the heap silently (the stage plan of a
+    Post-LN block with the split FFN needs five rows: four passed every other test)."""
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_NUM_THREADS": "2", "NUMBA_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", _BOUNDS_CHECKED], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout) < 1e-5
+
+
 def test_an_internal_kernel_refuses_a_call_from_python():
     """Internal kernels have no wrapper for Python's objects: a call from Python raises
     instead of jumping into a missing wrapper."""
