@@ -4,7 +4,8 @@ Each module holds small compiled functions (``options.kernel``) with one job, fo
 and float64, writing into caller-allocated outputs; ``tblock.backends.numba`` validates
 nothing (the API did) and only prepares weights and dispatches.
 
-    options     compiler flags and the ``kernel`` decorator shared by all kernels
+    options     compiler flags and the ``kernel`` decorator shared by all kernels; standalone
+                kernels, which compiled callers call through their address, not a copy
     isa         the vector path (avx512 / avx2 / generic): vector width, micro-tile, KC
     cache       Numba's cache, one directory per path
     simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
@@ -22,7 +23,7 @@ nothing (the API did) and only prepares weights and dispatches.
     lm_head     LN_f and a language model's vocabulary head over the packed tied embedding
 
 Numba's cache is one directory per vector path, and any edit to a module of this package
-invalidates all of it (``cache``): the block inlines code from every sibling.
+invalidates all of it (``cache``): the kernels inline code from their siblings.
 """
 
 from . import isa           # first: it may set Numba's target CPU before anything compiles
