@@ -46,7 +46,7 @@ import numpy as np
 from numba import prange
 
 from .layout import ceil_div, panels, rows_per_task, stage_grid, task_tile, weight_layout
-from .options import kernel, serial_and_parallel
+from .options import borrowed, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
                      cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task,
@@ -211,10 +211,15 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
             # a first chunk into an empty cache: its keys and values, packed as the cache
             # holds them, copied there
             n = plan_stage(plan, n, CACHE_FIRST, nbh)
+    # the tasks get borrowed views (no reference counts); the arguments outlive the call,
+    # and keep_alive holds each buffer of this function until its last task has run
+    Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q), borrowed(kt),
+                                                 borrowed(vp), borrowed(srow), borrowed(Kc), borrowed(Vc))
     for s in range(n):
         for t in prange(plan[s, 1]):
-            attention_stages_task(plan[s, 0], t, H, X, Wf, T, d, n_heads, dff, causal, eps, nthr, mc,
-                                  groups, ln_in_task, q, ldq, kt, vp, not direct, srow, Kc, Vc, past, max_T)
+            attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc,
+                                  groups, ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T)
+    keep_alive(X, kt, vp, srow)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
@@ -241,10 +246,12 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         # per row tile, residual and LayerNorms fused (ffn_rows_task)
         xn = hid = np.empty(0, dtype=dt)
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
+    outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
     for s in range(n):
         for t in prange(plan[s, 1]):
-            output_stages_task(plan[s, 0], t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, mc, groups,
-                               mf, out, xn, hid, ldh)
+            output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
+                               mf, outb, xnb, hidb, ldh)
+    keep_alive(q, out, xn, hid)
     return out3, True
 
 

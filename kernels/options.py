@@ -8,7 +8,9 @@ import types as pytypes
 import llvmlite.binding as llvm
 from numba.core import cgutils, imputils, types
 from numba.core.base import OverloadSelector
+from numba.core.errors import TypingError
 from numba.core.registry import CPUDispatcher
+from numba.extending import intrinsic
 
 from .cache import CACHE_PATH
 
@@ -171,3 +173,30 @@ def _call_by_address(disp, cres):
     selector = OverloadSelector()
     selector.append(call, fndesc.argtypes)
     disp.targetctx._defns[cres.entry_point] = selector
+
+
+@intrinsic
+def borrowed(typingctx, a):
+    """A view of the array a that takes no reference counts: its meminfo is null.  Numba
+    counts a reference for every array a function receives, with an atomic increment and
+    decrement, so a task given a dozen buffers pays two dozen atomics, which at the lesson's
+    toy size is a third of the block.  The caller keeps a alive while the view is in use
+    (keep_alive)."""
+    if not isinstance(a, types.Array):
+        raise TypingError(f"borrowed: an array, not {a}")
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(a)(context, builder, value=args[0])
+        ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+        ary.parent = cgutils.get_null_value(ary.parent.type)
+        return ary._getvalue()
+    return a(a), codegen
+
+
+@intrinsic
+def keep_alive(typingctx, *arrays):
+    """Nothing, but a use of each array: Numba frees an array after its last use, and the
+    borrowed views of it must not outlive it."""
+    def codegen(context, builder, sig, args):
+        return context.get_dummy_value()
+    return types.none(types.StarArgTuple(arrays)), codegen

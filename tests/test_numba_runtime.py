@@ -169,6 +169,25 @@ def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path
     assert float(err0) < 1e-5 and float(err1) < 1e-5
 
 
+def test_a_borrowed_view_is_the_array_without_its_reference_count():
+    """kernels.options.borrowed: the same memory, shape and strides as its owner, which
+    keep_alive holds; writes through the view reach the owner."""
+    from numba import njit
+
+    from tblock.kernels.options import borrowed, keep_alive
+
+    @njit
+    def through_a_view(a):
+        b = borrowed(a[:, 1])
+        b[2] = -1.0
+        keep_alive(a)
+        return b.shape[0], b.strides[0], b[0]
+
+    a = np.arange(12.0).reshape(4, 3)
+    assert through_a_view(a) == (4, 24, 1.0)
+    assert a[2, 1] == -1.0
+
+
 _BOUNDS_CHECKED = r"""
 import numpy as np, tblock
 worst = 0.0
