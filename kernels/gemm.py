@@ -114,7 +114,7 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
         panels[p, :, :cols.shape[1]] = cols
 
 
-@kernel(readonly=("A", "Bp"))
+@kernel(inline="always", readonly=("A", "Bp"))
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC, bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially, for a
     packed B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is

@@ -179,8 +179,8 @@ def _call_by_address(disp, cres):
 def borrowed(typingctx, a):
     """A view of the array a that takes no reference counts: its meminfo is null.  Numba
     counts a reference for every array a function receives, with an atomic increment and
-    decrement, so a task given a dozen buffers pays two dozen atomics, which at the lesson's
-    toy size is a third of the block.  The caller keeps a alive while the view is in use
+    decrement, so a task given a dozen buffers pays two dozen atomics, a visible part of a
+    small block (docs/perf-log.md).  The caller keeps a alive while the view is in use
     (keep_alive)."""
     if not isinstance(a, types.Array):
         raise TypingError(f"borrowed: an array, not {a}")
