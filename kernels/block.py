@@ -130,10 +130,9 @@ def output_stages_task(stage, t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, 
         r0, r1, p0, p1 = task_tile(t, groups, mc, rows, panels(d, NR))
         out_proj_task(q, ldq, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out)
     elif stage == FFN_IN:
-        if pre_ln:
-            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g2, o_be2, eps, pre_ln)
-        else:
-            ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g1, o_be1, eps, pre_ln)
+        # the FFN's LayerNorm: LN2 of H_mid (Pre-LN), LN1 of H + A_out (Post-LN)
+        o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
+        ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps, pre_ln)
     elif stage == FFN_UP:
         ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
     elif stage == FFN_DOWN:

@@ -146,17 +146,15 @@ def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
     m = r1 - r0
     NR = panel_lanes(Wf)
     o_g1, o_be1, o_g2, o_be2 = weight_layout(d, dff, NR)[6:10]
+    # the FFN reads LN2(H_mid) (Pre-LN) or H_mid = LN1(H + A_out) (Post-LN), from xn: ffn_tile
+    # writes out while it still reads its input
+    o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
     xn = np.empty(m * d, dtype=out.dtype)
-    if pre_ln:
-        # the FFN reads LN2(H_mid)
-        layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g2, o_be2, eps)
-        ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
-    else:
-        # H_mid = LN1(H + A_out) goes to xn (the FFN's input) and back into out (its
-        # residual): ffn_tile writes out while it still reads its input
-        layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g1, o_be1, eps)
-        copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)
-        ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
+    layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g, o_be, eps)
+    if not pre_ln:
+        copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)      # H_mid is also the residual
+    ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
+    if not pre_ln:
         layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
 
 
