@@ -25,13 +25,16 @@ column panel (``stage_grid``), and the Pre-LN's LN1 becomes a stage of its own.
 
 A call plans the stages it needs and runs each stage's tasks from one loop per half of
 the block (attention_stages_task: 1-2; output_stages_task: 3-4, once the output buffer
-exists).  ``block_parallel`` runs a stage's tasks with ``prange``: Numba builds three
-modules for every prange loop, so one loop for all stages keeps a first call's compile
-short.  ``block_serial`` is the same code compiled without it, for sizes where launching
-a parallel region costs more than the work (the lesson's toy block).  Callers of
-``block_parallel`` should set numba's parallel chunk size to 1 (it is thread-local):
-tasks are coarse and causal attention tasks differ in cost, so dynamic scheduling
-one task at a time balances the cores (each head's costly query tiles are issued first).
+exists).  ``block_parallel`` runs a stage with ``prange`` over the threads: Numba builds
+three modules for every prange loop, so one loop for all stages keeps a first call's
+compile short.  Each thread claims the stage's tasks one at a time from a shared counter
+(options.claim): tasks are coarse and causal attention tasks differ in cost, and Numba's
+OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
+one by one (each head's costly query tiles first) they balance the cores.
+``block_serial`` is the same code compiled without prange, for sizes where launching a
+parallel region costs more than the work (the lesson's toy block).  A stack of blocks
+with KV caches runs in one call (``layers``): a decode step crosses from Python into
+compiled code once, not once a block.
 
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
 and every kernel inside a task is serial; no BLAS is called, so nothing else competes
@@ -46,7 +49,7 @@ import numpy as np
 from numba import prange
 
 from .layout import ceil_div, panels, rows_per_task, stage_grid, task_tile, weight_layout
-from .options import borrowed, keep_alive, kernel, serial_and_parallel
+from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
                      cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task,
@@ -78,6 +81,18 @@ def attention_core(qkv, T, d, n_heads, causal):
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
 LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
 OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
+
+
+@kernel(inline="always")
+def next_task(nxt, nthr):
+    """The next task of a stage, from its counter nxt[0]: claimed atomically by one of the
+    threads (options.claim), or simply counted on one (an atomic costs ~20 cycles, and the
+    toy block runs a dozen tasks)."""
+    if nthr == 1:
+        t = nxt[0]
+        nxt[0] = t + 1
+        return t
+    return claim(nxt)
 
 
 @kernel(internal=True)
@@ -143,25 +158,11 @@ def output_stages_task(stage, t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, 
         ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
 
 
-def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
-    """The block on H3 (B, T, d) C-contiguous: (H_out, True) with H_out a new (B, T, d)
-    array, or (an empty array, False) when H3 holds a NaN or an Inf;
-    Wf: the flat weights (weight_layout).  act: an activations.*_CODE.  nthr: the number
-    of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
-    an argument because calling get_num_threads in here makes the function uncacheable.
-
-    With a KV cache (past >= 0; causal): Kc, Vc are its flat keys and values (K^T panels
-    and V rows per head, for max_T tokens: tblock.KVCache), holding tokens 0..past-1; H3's
-    rows are tokens past..past+T-1, their keys and values are written there, and with
-    past > 0 they attend over the cached tokens too, with the same flash kernel.
-    past = -1: no cache (Kc, Vc unused)."""
+@kernel(inline="always", readonly=("H", "Wf"))
+def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
+    """One block of _block (which sets out the arguments) on the flat rows H: its output,
+    a new (B, T, d) array.  Inlined: its parallel loops become the caller's."""
     NR = panel_lanes(Wf)
-    H = H3.reshape(H3.size)
-    # The API leaves this backend the check that H is finite: in here it costs no second
-    # crossing into compiled code, a visible part of the toy block's call; the caller
-    # reports where the NaN or the Inf is.
-    if not all_finite(H):
-        return np.empty((0, 0, 0), dtype=H3.dtype), False
     rows = H.size // d
     nseq = rows // T
     dt = H.dtype
@@ -177,7 +178,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         ldq = d
         q = np.empty(rows * ldq, dtype=dt)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
-    plan = np.empty((5, 2), dtype=np.intp)     # (stage, number of tasks) in order; 5 at most
+    plan = np.empty((5, 3), dtype=np.intp)     # (stage, number of tasks, next task) in order; 5 at most
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
@@ -215,15 +216,20 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
     Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q), borrowed(kt),
                                                  borrowed(vp), borrowed(srow), borrowed(Kc), borrowed(Vc))
     for s in range(n):
-        for t in prange(plan[s, 1]):
-            attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc,
-                                  groups, ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T)
+        nxt = borrowed(plan[s, 2:])
+        nxt[0] = 0
+        for _ in prange(min(nthr, plan[s, 1])):
+            t = next_task(nxt, nthr)
+            while t < plan[s, 1]:
+                attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
+                                      ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T)
+                t = next_task(nxt, nthr)
     keep_alive(X, kt, vp, srow)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
     # T=4096 that keeps 12 MiB off the peak
-    out3 = np.empty(H3.shape, dtype=H3.dtype)
+    out3 = np.empty((nseq, T, d), dtype=dt)
     out = out3.reshape(out3.size)
     npo = panels(d, NR)
     mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
@@ -247,11 +253,55 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
     outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
     for s in range(n):
-        for t in prange(plan[s, 1]):
-            output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
-                               mf, outb, xnb, hidb, ldh)
+        nxt = borrowed(plan[s, 2:])
+        nxt[0] = 0
+        for _ in prange(min(nthr, plan[s, 1])):
+            t = next_task(nxt, nthr)
+            while t < plan[s, 1]:
+                output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
+                                   mf, outb, xnb, hidb, ldh)
+                t = next_task(nxt, nthr)
     keep_alive(q, out, xn, hid)
-    return out3, True
+    return out3
+
+
+def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, nthr):
+    """The block on H3 (B, T, d) C-contiguous: (H_out, -1) with H_out a new (B, T, d)
+    array, or (an empty array, i) when the input of block i holds a NaN or an Inf;
+    Wf: the flat weights (weight_layout).  act: an activations.*_CODE.  nthr: the number
+    of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
+    an argument because calling get_num_threads in here makes the function uncacheable.
+
+    With a KV cache (past >= 0; causal): Kc, Vc are its flat keys and values (K^T panels
+    and V rows per head, for max_T tokens: tblock.KVCache), holding tokens 0..past-1; H3's
+    rows are tokens past..past+T-1, their keys and values are written there, and with
+    past > 0 they attend over the cached tokens too, with the same flash kernel.
+    past = -1: no cache (Kc, Vc unused).
+
+    layers: (n, 3) addresses of the flat weights, Kc and Vc of n blocks of this config
+    (each array the size of Wf, Kc, Vc), run one after another in this call, each on the
+    previous one's output: a stack with its caches (tblock.Stack), where a decode step's
+    blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
+    Wf, Kc, Vc."""
+    H = H3.reshape(H3.size)
+    nblocks = max(1, layers.shape[0])
+    for blk in range(nblocks):
+        if layers.shape[0] > 0:
+            W = borrowed_at(Wf, layers[blk, 0], Wf.size)
+            K = borrowed_at(Kc, layers[blk, 1], Kc.size)
+            V = borrowed_at(Vc, layers[blk, 2], Vc.size)
+        else:
+            W, K, V = borrowed(Wf), borrowed(Kc), borrowed(Vc)
+        # The API leaves this backend the check that H is finite: in here it costs no
+        # second crossing into compiled code, a visible part of the toy block's call; the
+        # caller reports where the NaN or the Inf is.
+        if not all_finite(H):
+            break
+        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr)
+        if blk == nblocks - 1:
+            return out3, -1
+        H = out3.reshape(H.size)            # the next block's input
+    return np.empty((0, 0, 0), dtype=H3.dtype), blk
 
 
 block_serial, block_parallel = serial_and_parallel(_block, "block")

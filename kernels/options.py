@@ -200,3 +200,43 @@ def keep_alive(typingctx, *arrays):
     def codegen(context, builder, sig, args):
         return context.get_dummy_value()
     return types.none(types.StarArgTuple(arrays)), codegen
+
+
+@intrinsic
+def borrowed_at(typingctx, like, address, n):
+    """A 1-D C array of n elements of like's type (dtype, read-only or not) whose data is at
+    ``address`` (an integer: a numpy array's ctypes.data), borrowed as borrowed()'s views
+    are.  Lets one compiled call run blocks whose arrays are separate Python objects (a
+    stack's weights and KV caches, passed as a table of addresses); the caller holds the
+    arrays and checks their sizes."""
+    if (not isinstance(like, types.Array) or not isinstance(address, types.Integer)
+            or not isinstance(n, types.Integer)):
+        raise TypingError(f"borrowed_at: an array, an integer address and a length, not {like}, {address}, {n}")
+    view = like.copy(ndim=1, layout="C")
+
+    def codegen(context, builder, sig, args):
+        from numba.np.arrayobj import populate_array
+        ary = context.make_array(view)(context, builder)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(view.dtype)))
+        data = builder.inttoptr(context.cast(builder, args[1], sig.args[1], types.intp), ary.data.type)
+        count = context.cast(builder, args[2], sig.args[2], types.intp)
+        populate_array(ary, data=data, shape=[count], strides=[itemsize], itemsize=itemsize, meminfo=None)
+        return ary._getvalue()
+    return view(like, address, n), codegen
+
+
+
+@intrinsic
+def claim(typingctx, counter):
+    """The next task of a stage: counter[0], atomically incremented (an intp array of one
+    element).  Numba's OpenMP layer splits a prange statically, half the iterations to
+    each of two threads whatever they cost; threads that claim tasks one at a time from
+    a shared counter balance themselves."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.intp and counter.mutable):
+        raise TypingError(f"claim: a writable intp array, not {counter}")
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        one = context.get_constant(types.intp, 1)
+        return builder.atomic_rmw("add", ary.data, one, "monotonic")
+    return types.intp(counter), codegen

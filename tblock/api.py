@@ -24,6 +24,9 @@ TRACE_NAMES = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid",
                "H_norm2", "F_pre", "F_post", "F_out", "H_out")
 
 
+TRACE_WITH_CACHE = "trace=True cannot be combined with a cache (trace the whole sequence instead)"
+
+
 class BackendUnavailable(ValueError):
     """The backend exists but cannot run here (e.g. the C reference was not compiled)."""
 
@@ -113,6 +116,32 @@ def check_input(H, cfg: BlockConfig, name: str = "H", finite: bool = True) -> np
     return H
 
 
+def _backend_input(H, cfg: BlockConfig, module):
+    """(H checked, H3): H3 the (B, T, d_model) array a backend gets (B=1 for 2-D H):
+    read-only, aligned, C-contiguous, native byte order."""
+    # a backend with CHECKS_FINITE looks for NaN/Inf in the same call as its work and
+    # returns None when it finds one; the caller then raises, the same as ever
+    H = check_input(H, cfg, finite=not module.CHECKS_FINITE)
+    if not H.dtype.isnative:
+        H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
+    H3 = H[None] if H.ndim == 2 else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
+    if not (H3.flags.c_contiguous and H3.flags.aligned):
+        H3 = H3.copy(order="C")         # any strides in, aligned C order to the backend
+    # read-only: a backend cannot write into the caller's array; and the compiled block
+    # sees one array type, whatever the input's flags, so warmup() covers every call
+    H3.setflags(write=False)
+    return H, H3
+
+
+def _as_input(H_out: np.ndarray, H: np.ndarray) -> np.ndarray:
+    """A backend's (B, T, d_model) output in the shape and dtype of the input H."""
+    if H_out.dtype is not H.dtype and H_out.dtype != H.dtype:
+        H_out = H_out.astype(H.dtype)   # float64 backends (numpy, c) on float32 input
+    if H.ndim == 2:
+        H_out = H_out[0]                # (T, d_model) for a 2-D input (cheaper than a reshape)
+    return H_out
+
+
 def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None, trace: bool = False,
             cache: KVCache | None = None):
     """Run one transformer block on ``H`` ((T, d_model) or (B, T, d_model), float32 or
@@ -133,24 +162,14 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a tblock.KVCache, got {type(cache).__name__}")
         if trace:
-            raise ValueError("trace=True cannot be combined with a cache (trace the whole sequence instead)")
+            raise ValueError(TRACE_WITH_CACHE)
     name = DEFAULT_BACKEND if backend is None else backend
     module = get_backend(name)
     if cache is not None and not hasattr(module, "forward_cached"):
         raise ValueError(f"backend {name!r} has no KV-cache path")
     weights.check(cfg)
-    # a backend with CHECKS_FINITE looks for NaN/Inf in the same call as its work and
-    # returns None when it finds one; the error is raised below, the same as ever
-    H = check_input(H, cfg, finite=not module.CHECKS_FINITE)
-    if not H.dtype.isnative:
-        H = H.astype(H.dtype.newbyteorder("="))    # e.g. big-endian data read from a file
+    H, H3 = _backend_input(H, cfg, module)
     flat = H.ndim == 2
-    H3 = H[None] if flat else H.view()      # (B, T, d_model), B=1 for 2-D; a new view
-    if not (H3.flags.c_contiguous and H3.flags.aligned):
-        H3 = H3.copy(order="C")         # any strides in, aligned C order to the backend
-    # read-only: a backend cannot write into the caller's array; and the compiled block
-    # sees one array type, whatever the input's flags, so warmup() covers every call
-    H3.setflags(write=False)
     if cache is not None:
         cache.check(H3, cfg)
         # the backend writes the new keys and values past cache.length; only a finished
@@ -163,10 +182,11 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
         raise AssertionError("the backend found a NaN or an Inf that check_finite does not")
     if cache is not None:
         cache.length += H3.shape[1]
+    # _as_input, written out: a call is a visible part of the toy block's forward
     if H_out.dtype is not H.dtype and H_out.dtype != H.dtype:
-        H_out = H_out.astype(H.dtype)   # float64 backends (numpy, c) on float32 input
+        H_out = H_out.astype(H.dtype)
     if flat:
-        H_out = H_out[0]                # (T, d_model) for a 2-D input (cheaper than a reshape)
+        H_out = H_out[0]
     if not trace:
         return H_out
     if flat:
@@ -193,6 +213,11 @@ class Block:
     def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32) -> KVCache:
         """An empty KVCache for this block."""
         return KVCache(self.cfg, max_T, batch, dtype)
+
+
+def _overflow(i: int, dtype) -> ValueError:
+    return ValueError(f"the output of block {i} holds a NaN or an Inf (an overflow in {np.dtype(dtype)}): "
+                      f"no block's cache has moved")
 
 
 class Stack:
@@ -234,16 +259,52 @@ class Stack:
         """H_N, or with ``trace=True`` (H_N, [Trace of block 1, ..., block N]).
         ``cache``: a list of one KVCache per block (make_cache); H then holds the next rows."""
         if cache is not None:
-            self._check_caches(cache, H)
-        traces = []
-        for i, block in enumerate(self.blocks):
-            c = None if cache is None else cache[i]
             if trace:
-                H, tr = block(H, backend=backend, trace=True, cache=c)    # with a cache: refused
+                raise ValueError(TRACE_WITH_CACHE)
+            self._check_caches(cache, H)
+            module = get_backend(backend or self.blocks[0].backend or DEFAULT_BACKEND)
+            # one call for the whole stack needs one cache layout (max_T) for every block
+            if hasattr(module, "forward_stack_cached") and len({c.max_T for c in cache}) == 1:
+                return self._forward_cached(H, module, cache)
+            return self._forward_cached_by_block(H, backend, cache)
+        traces = []
+        for block in self.blocks:
+            if trace:
+                H, tr = block(H, backend=backend, trace=True)
                 traces.append(tr)
             else:
-                H = block(H, backend=backend, cache=c)
+                H = block(H, backend=backend)
         return (H, traces) if trace else H
+
+    def _forward_cached_by_block(self, H, backend, caches):
+        """Block after block, each with its cache; on an error no cache has moved."""
+        lengths = [c.length for c in caches]
+        try:
+            for i, (block, c) in enumerate(zip(self.blocks, caches)):
+                if i > 0 and not np.isfinite(H).all():
+                    raise _overflow(i - 1, H.dtype)
+                H = block(H, backend=backend, cache=c)
+        except BaseException:
+            for c, n in zip(caches, lengths):
+                c.length = n        # the keys and values written past a cache's length are unused
+            raise
+        return H
+
+    def _forward_cached(self, H, module, caches):
+        """Every block with its cache in one backend call (a decode step crosses into
+        compiled code once, not once a block); the caches are checked (_check_caches)."""
+        for i, block in enumerate(self.blocks):
+            block.weights.check(self.cfg, name=f"weights[{i}]")
+        H, H3 = _backend_input(H, self.cfg, module)
+        H_out, bad = module.forward_stack_cached(H3, [b.weights for b in self.blocks], self.cfg, caches)
+        if H_out is None:
+            # no cache has moved: the keys and values written past their length are unused
+            if bad == 0:
+                check_finite("H", H)            # raises, naming where the NaN or Inf is
+            raise _overflow(bad - 1, H.dtype)
+        for c in caches:
+            c.length += H3.shape[1]
+        return _as_input(H_out, H)
 
     def _check_caches(self, caches, H) -> None:
         # every block's cache is checked before the first one is written, so that a bad

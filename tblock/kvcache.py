@@ -62,6 +62,7 @@ class KVCache:
         self.K = np.zeros((self.batch, cfg.n_heads, self.panels * cfg.d_k * NR), dtype)
         self.V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
         self.length = 0                     # tokens cached so far (the same for every sequence)
+        self._addresses = (None, None, 0, 0)
 
     def __repr__(self):
         return (f"KVCache(d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, length={self.length}, "
@@ -70,6 +71,14 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.K.nbytes + self.V.nbytes
+
+    def addresses(self) -> tuple[int, int]:
+        """The data addresses of K and V, for a compiled call that reaches several caches
+        through a table of addresses (the numba backend's stack)."""
+        a = self._addresses
+        if a[0] is not self.K or a[1] is not self.V:      # computed once: ctypes.data is slow
+            a = self._addresses = (self.K, self.V, self.K.ctypes.data, self.V.ctypes.data)
+        return a[2], a[3]
 
     def reset(self) -> None:
         """Forget every token. The memory is kept, and zeroed: the kernels read whole

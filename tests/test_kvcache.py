@@ -476,3 +476,71 @@ def test_stack_nan_input_changes_no_cache():
     for c, snap in zip(caches, before):
         assert_unchanged(c, snap)
     assert rel_err(stack(H[:, 3:], cache=caches), stack(H)[:, 3:]) <= TOL[np.dtype(np.float64)]
+
+
+# ---------------------------------------------------------------------------------------
+# the numba backend runs a Stack with caches in one compiled call
+
+def _calls(monkeypatch, module, *names):
+    """Count the calls of module.<name> for each name (the originals still run)."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        def spy(*args, _name=name, _f=getattr(module, name)):
+            counts[_name] += 1
+            return _f(*args)
+        monkeypatch.setattr(module, name, spy)
+    return counts
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("d_model, n_heads, T", [(6, 3, 9), (48, 4, 40)], ids=["serial", "parallel-prefill"])
+def test_numba_stack_in_one_call_equals_block_by_block(d_model, n_heads, T, dtype, monkeypatch):
+    """A numba Stack with caches of one max_T runs every block in one compiled call
+    (kernels.block's table of addresses); it must compute exactly what the blocks called
+    one by one compute, outputs and caches alike.  Caches of different max_T go block by
+    block, with the same result."""
+    from tblock.backends import numba as nb
+    cfg = tblock.BlockConfig(d_model=d_model, n_heads=n_heads, d_ff=3 * d_model + 1, ffn_bias=True,
+                             ln_affine=True, attn_bias=True)
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=40 + l, dtype=dtype) for l in range(3)], backend="numba")
+    H = sequences(cfg, 2, T, dtype)
+    one, by_block = stack.make_cache(T, 2, dtype), stack.make_cache(T, 2, dtype)
+    mixed = [tblock.KVCache(cfg, T + l, 2, dtype) for l in range(3)]
+    calls = _calls(monkeypatch, nb, "block_serial", "block_parallel")
+    at = 0
+    for n in (T - 3, 1, 2):
+        X = H[:, at:at + n]
+        before = dict(calls)
+        got = stack(X, cache=one)
+        assert sum(calls.values()) - sum(before.values()) == 1
+        want = X
+        for block, c in zip(stack.blocks, by_block):
+            want = tblock.forward(want, block.weights, cfg, backend="numba", cache=c)
+        assert np.array_equal(got, want)
+        assert np.array_equal(stack(X, cache=mixed), want)
+        at += n
+    for a, b in zip(one, by_block):
+        assert a.length == b.length == T
+        assert np.array_equal(a.K, b.K) and np.array_equal(a.V, b.V)
+    assert rel_err(np.concatenate([stack(H[:, :T - 3]), want], axis=1)[:, -2:], stack(H)[:, -2:]) <= \
+        TOL[np.dtype(dtype)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_inside_a_cached_stack_moves_no_cache(backend):
+    """Block 0's output overflows float32 (its b_o and b_ff2 at the largest float32): the
+    stack stops at block 1's input with an error naming block 0, and no cache moves, so
+    decoding can go on with good weights."""
+    cfg = CASES["pre-all-biases-dk2"]
+    weights = [random_weights(cfg, seed=50 + l, dtype=np.float32) for l in range(3)]
+    huge = weights[0].arrays()
+    huge["b_o"] = huge["b_ff2"] = np.full(cfg.d_model, np.finfo(np.float32).max, np.float32)
+    stack = tblock.Stack(cfg, [tblock.BlockWeights(**huge)] + weights[1:], backend=backend)
+    caches = stack.make_cache(6, 2, np.float32)
+    H = sequences(cfg, 2, 6, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        with pytest.raises(ValueError, match="output of block 0 holds a NaN or an Inf .*no block's cache has moved"):
+            stack(H[:, :3], cache=caches)
+    assert [c.length for c in caches] == [0, 0, 0]
+    good = tblock.Stack(cfg, weights, backend=backend)
+    assert rel_err(good(H, cache=caches), good(H)) <= TOL[np.dtype(np.float32)]

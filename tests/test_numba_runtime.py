@@ -188,6 +188,58 @@ def test_a_borrowed_view_is_the_array_without_its_reference_count():
     assert a[2, 1] == -1.0
 
 
+def test_a_view_at_an_address_is_the_array_there():
+    """kernels.options.borrowed_at: n elements of the like array's dtype from an address
+    Python took from an array, read-only when like is; writes through a writable view
+    reach the array."""
+    from numba import njit
+
+    from tblock.kernels.options import borrowed_at
+
+    @njit
+    def views(like, table, n):
+        a = borrowed_at(like, table[0], n)
+        b = borrowed_at(like, table[1], n)
+        b[n - 1] = a[0] + a[n - 1]
+        return a.sum(), b.shape[0], b.strides[0]
+
+    x, y = np.arange(7.0), np.zeros(7)
+    table = np.array([x.ctypes.data, y.ctypes.data], dtype=np.intp)
+    assert views(np.empty(0), table, 7) == (21.0, 7, 8)
+    assert y[6] == 6.0 and x.sum() == 21.0
+    ro = np.empty(0)
+    ro.flags.writeable = False
+
+    @njit
+    def readonly(like, addr):
+        return borrowed_at(like, addr, 3)
+
+    assert not readonly(ro, x.ctypes.data).flags.writeable
+
+
+def test_claimed_tasks_are_each_run_exactly_once():
+    """kernels.options.claim under a parallel loop of more workers than threads: every
+    task index 0..n-1 is handed out once, whichever thread asks."""
+    from numba import prange
+
+    from tblock.kernels.options import claim, kernel
+
+    @kernel(parallel=True)
+    def run(n, workers):
+        nxt = np.zeros(1, dtype=np.intp)
+        ran = np.zeros(n, dtype=np.intp)
+        for _ in prange(workers):
+            t = claim(nxt)
+            while t < n:
+                ran[t] += 1
+                t = claim(nxt)
+        return ran, nxt[0]
+
+    for n, workers in ((1, 1), (1000, 2), (5000, 7)):
+        ran, last = run(n, workers)
+        assert (ran == 1).all() and last == n + workers
+
+
 _BOUNDS_CHECKED = r"""
 import numpy as np, tblock
 worst = 0.0
@@ -205,6 +257,13 @@ for dtype in (np.float32, np.float64):
                 tblock.forward(H[:, :T - 1], w, cfg, cache=cache)
                 last = tblock.forward(H[:, T - 1:], w, cfg, cache=cache)
                 worst = max(worst, np.abs(last - ref[:, T - 1:]).max() / np.abs(ref).max())
+                # the same through a stack of three (one compiled call: blocks reached by address)
+                stack = tblock.Stack.init(cfg, 3, seed=2, dtype=dtype)
+                caches = stack.make_cache(T + 4, batch=B, dtype=dtype)
+                sref = stack(H.astype(np.float64), backend="numpy")
+                stack(H[:, :T - 1], cache=caches)
+                last = stack(H[:, T - 1:], cache=caches)
+                worst = max(worst, np.abs(last - sref[:, T - 1:]).max() / np.abs(sref).max())
 print(worst)
 """
 

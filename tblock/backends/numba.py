@@ -50,6 +50,9 @@ PARALLEL_MIN_FLOPS = 2_000_000
 
 _KEY = "numba-packed"
 
+# the table of blocks a call runs (kernels.block's ``layers``): none but the one it is given
+ONE_BLOCK = np.empty((0, 3), dtype=np.intp)
+
 
 def _aligned_empty(n: int, dtype) -> np.ndarray:
     """A 1-D array of n elements whose data starts on a 64-byte boundary."""
@@ -63,6 +66,12 @@ def _packed(weights, dtype) -> np.ndarray:
     """The packed weights of ``dtype``, built once per BlockWeights."""
     dtype = np.dtype(dtype)
     return weights.prepared((_KEY, dtype.char), lambda w: _pack_weights(w, dtype))
+
+
+def _packed_address(weights, dtype) -> int:
+    """The data address of _packed(weights, dtype) (which the weights hold as long as they live)."""
+    dtype = np.dtype(dtype)
+    return weights.prepared((_KEY + "-address", dtype.char), lambda w: _packed(w, dtype).ctypes.data)
 
 
 def _pack_weights(weights, dtype) -> np.ndarray:
@@ -120,9 +129,9 @@ CHECKS_FINITE = True
 def _plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then _flop_terms)."""
-    # the last four: no KV cache (empty K and V of the dtype, past = -1, max_T = 0)
+    # then: no KV cache (empty K and V of the dtype, past = -1, max_T = 0), this block only
     scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps,
-               np.empty(0, dtype), np.empty(0, dtype), -1, 0)
+               np.empty(0, dtype), np.empty(0, dtype), -1, 0, ONE_BLOCK)
     return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
@@ -144,10 +153,10 @@ def forward_batch(H, weights, cfg, trace):
     # _block_flops, inlined with its per-config parts precomputed: a call would show at small sizes
     if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        out, finite = block_serial(H, flat, T, d, *scalars, 1)
+        out, bad = block_serial(H, flat, T, d, *scalars, 1)
     else:
-        out, finite = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
-    return (out, None) if finite else (None, None)
+        out, bad = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
+    return (out, None) if bad < 0 else (None, None)
 
 
 def forward_cached(H, weights, cfg, cache):
@@ -155,20 +164,37 @@ def forward_cached(H, weights, cfg, cache):
     the cache's first cache.length; the compiled block writes their keys and values into
     the cache's arrays and attends over the cache (kernels.block, past >= 0).  Returns
     H_out, or None when H holds a NaN or an Inf (nothing is written then)."""
+    out, bad = _run_cached(H, weights, cfg, cache, ONE_BLOCK)
+    return out if bad < 0 else None
+
+
+def forward_stack_cached(H, weights, cfg, caches):
+    """tblock.Stack's blocks with their caches in one compiled call: H as forward_cached's,
+    weights and caches one per block (checked by the caller).  Returns (H_out, -1), or
+    (None, i) when block i's input holds a NaN or an Inf (the caches' lengths unchanged)."""
+    # the compiled block reaches block i's arrays through their addresses (kernels.block);
+    # the lists hold the arrays alive through the call, and every one has block 0's size
+    # (one config, dtype, batch and max_T: tblock.Stack checks)
+    layers = np.array([(_packed_address(w, H.dtype),) + c.addresses() for w, c in zip(weights, caches)],
+                      dtype=np.intp)
+    out, bad = _run_cached(H, weights[0], cfg, caches[0], layers)
+    return (out, -1) if bad < 0 else (None, bad)
+
+
+def _run_cached(H, weights, cfg, cache, layers):
+    """kernels.block with a cache: weights and cache those of block 0 of ``layers``."""
     plan = weights._cache.get(("numba-plan", H.dtype.char))
     if plan is None or plan[0] is not cfg:
         plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
     _, flat, scalars, per_row, per_key = plan
     B, T, d = H.shape
     past = cache.length
-    args = (H, flat, T, d) + scalars[:6] + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T)
+    args = (H, flat, T, d) + scalars[:6] + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T, layers)
     # each new token t sees past + t + 1 keys
     if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        out, finite = block_serial(*args, 1)
-    else:
-        out, finite = parallel_call(block_parallel, *args, pass_threads=True)
-    return out if finite else None
+        return block_serial(*args, 1)
+    return parallel_call(block_parallel, *args, pass_threads=True)
 
 
 def parallel_call(fn, *args, pass_threads=False):
