@@ -33,8 +33,9 @@ OpenMP layer would split a prange over the tasks statically, half to each thread
 one by one (each head's costly query tiles first) they balance the cores.
 ``block_serial`` is the same code compiled without prange, for sizes where launching a
 parallel region costs more than the work (the lesson's toy block).  A stack of blocks
-with KV caches runs in one call (``layers``): a decode step crosses from Python into
-compiled code once, not once a block.
+with KV caches runs in one call (``cached_parallel``, ``cached_serial``: the block
+with a cache, over a table of blocks): a decode step crosses from Python into compiled
+code once, not once a block, and takes its scratch from the cache (work_len).
 
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
 and every kernel inside a task is serial; no BLAS is called, so nothing else competes
@@ -48,10 +49,11 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .layout import ceil_div, panels, rows_per_task, stage_grid, task_tile, weight_layout
+from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, take_intp, task_tile, up16,
+                     weight_layout)
 from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
-from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
+from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_work, attention_direct_task, attention_task,
                      cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task,
                      ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
 from .validate import all_finite
@@ -74,7 +76,7 @@ def attention_core(qkv, T, d, n_heads, causal):
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
-        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp, 0, T)
+        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp, 0, T, kt[:0], 0)
 
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
@@ -105,7 +107,7 @@ def plan_stage(plan, n, stage, ntasks):
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
 def attention_stages_task(stage, t, H, X, Wf, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
-                          ln_in_task, q, ldq, kt, vp, packed, srow, Kc, Vc, past, max_T):
+                          ln_in_task, q, ldq, kt, vp, packed, srow, Kc, Vc, past, max_T, work, w_pos):
     """Task t of ``stage`` (LN1 .. CACHE_FIRST) of _block, which sets out the arguments."""
     NR = panel_lanes(Wf)
     layout = weight_layout(d, dff, NR)
@@ -122,13 +124,13 @@ def attention_stages_task(stage, t, H, X, Wf, T, d, n_heads, dff, causal, eps, n
     elif stage == ATTEND_CACHED:
         if T <= BQ:                 # one query tile: the task's own head, appended before it is read
             cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
-        attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T)
+        attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T, work, w_pos)
     elif stage == ATTEND_DIRECT:
         if past == 0:
             cache_rows_task(q, T, d, n_heads, t, Kc, Vc, 0, max_T)
         attention_direct_task(q, T, d, n_heads, causal, t, srow)
     elif stage == ATTEND:
-        attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T)
+        attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T, work, w_pos)
     else:
         cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
 
@@ -158,43 +160,66 @@ def output_stages_task(stage, t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, 
         ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
 
 
+@kernel
+def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
+    """Elements of a work buffer (of an itemsize-byte dtype) that holds all the scratch of
+    one_block for ``rows`` rows, T per sequence, attending over ``keys`` keys, on the path
+    of few keys (T * T * d_k <= DIRECT_MAX, or tokens cached): a KVCache keeps one for a
+    decode step, so the step allocates nothing.  In the order one_block takes it: the
+    stage plan, Q K V rows, LN1, the untiled attention's row, each attention task's tiles,
+    two output buffers (a stack's blocks alternate), the FFN's input and hidden layer."""
+    w = 8 // itemsize
+    nbh = rows // T * n_heads
+    n = up16(15 * w) + up16(rows * 3 * d) + up16(rows * d) + up16(nbh * T * w)
+    n += nbh * ceil_div(T, BQ) * attention_work(min(T, BQ), keys, d // n_heads, NR, itemsize)
+    return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
+
+
 @kernel(inline="always", readonly=("H", "Wf"))
-def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr):
-    """One block of _block (which sets out the arguments) on the flat rows H: its output,
-    a new (B, T, d) array.  Inlined: its parallel loops become the caller's."""
+def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, work, slot):
+    """One block of _block (which sets out the arguments) on the flat rows H: its output
+    (B, T, d), a new array; or with a work buffer (work_len elements, few keys; empty:
+    none) output buffer ``slot`` (0 or 1) of it, every scratch buffer taken from it too.
+    Inlined: its parallel loops become the caller's."""
     NR = panel_lanes(Wf)
     rows = H.size // d
     nseq = rows // T
     dt = H.dtype
     extend = past > 0                   # the new rows attend over cached tokens too
     direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
+    arena = work.size > 0
+    plan, pos = take_intp(work, 0, 15)  # (stage, number of tasks, next task) in order; 5 at most
+    plan = plan.reshape((5, 3))
     if direct:
         # tiny sequences: Q, K, V side by side in one (rows, 3d) buffer, read in place
         ldq = 3 * d
-        q = np.empty(rows * ldq, dtype=dt)
+        q, pos = take(work, pos, rows * ldq)
         kt = vp = q                         # unused on this path (no allocation)
     else:
         # Q (rows, d), later overwritten by the heads' outputs; K and V packed per head
         ldq = d
-        q = np.empty(rows * ldq, dtype=dt)
+        q, pos = take(work, pos, rows * ldq)
         kt, vp = attention_buffers(q, nseq, T, d, n_heads)
-    plan = np.empty((5, 3), dtype=np.intp)     # (stage, number of tasks, next task) in order; 5 at most
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
     mc, groups, ntasks = stage_grid(rows, 3 * panels(d, NR), MC, nthr)
     X, ln_in_task = H, pre_ln
-    if pre_ln and groups > 4:
+    if pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
-        # in every task (each task of a group of four redoes its rows' LN1)
-        X = np.empty(rows * d, dtype=dt)
+        # in every task (each task of a group of four redoes its rows' LN1; a task's
+        # own LN1 rows would be scratch of its own)
+        X, pos = take(work, pos, rows * d)
         n = plan_stage(plan, n, LN1, nthr)
         ln_in_task = False
     n = plan_stage(plan, n, QKV, ntasks)
     # 2. attention per (sequence, head[, query tile]), head by head, costly tiles first
     nbh = nseq * n_heads
     nqt = ceil_div(T, BQ)
-    srow = np.empty(nbh * T if direct and not extend else 0)
+    srow, pos = take_f64(work, pos, nbh * T if direct and not extend else 0)
+    a_pos = pos                         # the attention tasks' tiles (attention_task)
+    if arena:
+        pos += nbh * nqt * attention_work(min(T, BQ), max(past, 0) + T, d // n_heads, NR, H.itemsize)
     if extend:
         # with tokens cached: the new keys and values go into the cache, then the queries
         # attend over all of it; a decode step's query reads the cached keys and values
@@ -213,8 +238,9 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
             n = plan_stage(plan, n, CACHE_FIRST, nbh)
     # the tasks get borrowed views (no reference counts); the arguments outlive the call,
     # and keep_alive holds each buffer of this function until its last task has run
-    Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q), borrowed(kt),
-                                                 borrowed(vp), borrowed(srow), borrowed(Kc), borrowed(Vc))
+    Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb, wb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q),
+                                                     borrowed(kt), borrowed(vp), borrowed(srow), borrowed(Kc),
+                                                     borrowed(Vc), borrowed(work))
     for s in range(n):
         nxt = borrowed(plan[s, 2:])
         nxt[0] = 0
@@ -222,26 +248,29 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
             t = next_task(nxt, nthr)
             while t < plan[s, 1]:
                 attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
-                                      ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T)
+                                      ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T,
+                                      wb, a_pos)
                 t = next_task(nxt, nthr)
     keep_alive(X, kt, vp, srow)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
     # T=4096 that keeps 12 MiB off the peak
-    out3 = np.empty((nseq, T, d), dtype=dt)
-    out = out3.reshape(out3.size)
+    out, _ = take(work, pos + slot * up16(rows * d), rows * d)
+    pos += 2 * up16(rows * d)
+    out3 = out.reshape((nseq, T, d))
     npo = panels(d, NR)
     mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
     n = plan_stage(plan, 0, OUT_PROJ, ntasks)
     # 4. FFN
     mf = rows_per_task(rows, MF, nthr)
     ldh = dff + 64 // Wf.itemsize          # a cache line past 4 KiB multiples (ffn_tile)
-    if nthr > 1 and rows <= MF * nthr:
+    if (nthr > 1 and rows <= MF * nthr) or arena:
         # few rows for the threads: LN, then the hidden layer whole, in two GEMM stages
         # split by columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
-        xn = np.empty(rows * d, dtype=dt)
-        hid = np.empty(rows * ldh, dtype=dt)
+        # (with a work buffer on one thread too: the row tiles' hidden chunk is a task's own)
+        xn, pos = take(work, pos, rows * d)
+        hid, pos = take(work, pos, rows * ldh)
         n = plan_stage(plan, n, FFN_IN, nthr)
         n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
         n = plan_stage(plan, n, FFN_DOWN, npo)
@@ -261,30 +290,56 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
                 output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
                                    mf, outb, xnb, hidb, ldh)
                 t = next_task(nxt, nthr)
-    keep_alive(q, out, xn, hid)
+    keep_alive(q, out, xn, hid, plan, work)
     return out3
 
 
-def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, nthr):
+def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     """The block on H3 (B, T, d) C-contiguous: (H_out, -1) with H_out a new (B, T, d)
-    array, or (an empty array, i) when the input of block i holds a NaN or an Inf;
-    Wf: the flat weights (weight_layout).  act: an activations.*_CODE.  nthr: the number
-    of threads the tasks are sized for (numba.get_num_threads(); 1 for block_serial) -
-    an argument because calling get_num_threads in here makes the function uncacheable.
+    array, or (an empty array, 0) when H3 holds a NaN or an Inf; Wf: the flat weights
+    (weight_layout).  act: an activations.*_CODE.  nthr: the number of threads the tasks
+    are sized for (numba.get_num_threads(); 1 for block_serial) - an argument because
+    calling get_num_threads in here makes the function uncacheable.  With a KV cache:
+    _cached; this entry has none of its arguments, a visible part of the toy block's
+    call (Numba unboxes every argument)."""
+    H = H3.reshape(H3.size)
+    # The API leaves this backend the check that H is finite: in here it costs no second
+    # crossing into compiled code, a visible part of the toy block's call; the caller
+    # reports where the NaN or the Inf is.
+    if not all_finite(H):
+        return np.empty((0, 0, 0), dtype=H3.dtype), 0
+    none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer
+    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, none, 0), -1
 
-    With a KV cache (past >= 0; causal): Kc, Vc are its flat keys and values (K^T panels
-    and V rows per head, for max_T tokens: tblock.KVCache), holding tokens 0..past-1; H3's
-    rows are tokens past..past+T-1, their keys and values are written there, and with
-    past > 0 they attend over the cached tokens too, with the same flash kernel.
-    past = -1: no cache (Kc, Vc unused).
+
+block_serial, block_parallel = serial_and_parallel(_block, "block")
+
+
+def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, work, nthr):
+    """_block with a KV cache (causal), and as many blocks as ``layers`` holds: (H_out,
+    -1), or (an empty array, i) when the input of block i holds a NaN or an Inf.
+
+    Kc, Vc: the cache's flat keys and values (K^T panels and V rows per head, for max_T
+    tokens: tblock.KVCache), holding tokens 0..past-1; H3's rows are tokens past..past+T-1,
+    their keys and values are written there, and with past > 0 they attend over the
+    cached tokens too, with the same flash kernel.
 
     layers: (n, 3) addresses of the flat weights, Kc and Vc of n blocks of this config
     (each array the size of Wf, Kc, Vc), run one after another in this call, each on the
     previous one's output: a stack with its caches (tblock.Stack), where a decode step's
     blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
-    Wf, Kc, Vc."""
+    Wf, Kc, Vc.
+
+    work: a buffer for all scratch (work_len; a KVCache's), used when it is large enough
+    for this call (a decode step): the call then allocates nothing, and H_out is one of
+    its two output buffers.  Empty: every buffer new."""
     H = H3.reshape(H3.size)
     nblocks = max(1, layers.shape[0])
+    d_k = d // n_heads
+    few_keys = past > 0 or T * T * d_k <= DIRECT_MAX
+    if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dff, n_heads, max(past, 0) + T,
+                                                                 panel_lanes(Wf), Wf.itemsize)):
+        work = work[:0]                     # not for this call: new buffers
     for blk in range(nblocks):
         if layers.shape[0] > 0:
             W = borrowed_at(Wf, layers[blk, 0], Wf.size)
@@ -292,16 +347,14 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, m
             V = borrowed_at(Vc, layers[blk, 2], Vc.size)
         else:
             W, K, V = borrowed(Wf), borrowed(Kc), borrowed(Vc)
-        # The API leaves this backend the check that H is finite: in here it costs no
-        # second crossing into compiled code, a visible part of the toy block's call; the
-        # caller reports where the NaN or the Inf is.
-        if not all_finite(H):
+        if not all_finite(H):              # as in _block
             break
-        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr)
+        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, work,
+                         blk % 2)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input
     return np.empty((0, 0, 0), dtype=H3.dtype), blk
 
 
-block_serial, block_parallel = serial_and_parallel(_block, "block")
+cached_serial, cached_parallel = serial_and_parallel(_cached, "cached")

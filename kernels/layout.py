@@ -7,9 +7,12 @@
     bias_len     elements of a projection's bias there (whole panels)
     weight_layout  offsets of every weight in that buffer
     rows_per_task, stage_grid, task_tile   how a stage of the block splits into tasks
+    take, take_f64, take_intp   scratch from a caller's work buffer (a KVCache's), or new
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .isa import MR
 from .options import kernel
@@ -123,3 +126,39 @@ def task_tile(t, groups, mc, rows, npanels):
     r0 = (t // groups) * mc
     g = t % groups
     return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
+
+
+@kernel(internal=True)
+def up16(n):
+    """n rounded up to 16 elements: scratch parts start on 64-byte lines (16 float32, 8+
+    float64 elements)."""
+    return (n + 15) // 16 * 16
+
+
+@kernel(inline="always")
+def take(work, pos, n):
+    """n elements of scratch of work's dtype: work[pos : pos+n] and the next free
+    position, or with no work buffer (work.size == 0) a new array and pos unchanged.  A
+    decode step takes all its scratch from its KVCache's buffer this way, so it allocates
+    nothing; the caller checks that the buffer holds everything it takes (work_len)."""
+    if work.size == 0:
+        return np.empty(n, dtype=work.dtype), pos
+    return work[pos:pos + n], pos + up16(n)
+
+
+@kernel(inline="always")
+def take_f64(work, pos, n):
+    """As take, n float64 elements (the softmax's running sums are float64 in float32 too)."""
+    if work.size == 0:
+        return np.empty(n), pos
+    k = n * 8 // work.itemsize
+    return work[pos:pos + k].view(np.float64), pos + up16(k)
+
+
+@kernel(inline="always")
+def take_intp(work, pos, n):
+    """As take, n intp elements."""
+    if work.size == 0:
+        return np.empty(n, dtype=np.intp), pos
+    k = n * 8 // work.itemsize
+    return work[pos:pos + k].view(np.intp), pos + up16(k)

@@ -49,11 +49,13 @@ def pack_head(E: np.ndarray, dtype) -> np.ndarray:
     return flat
 
 
-def _head(X, rows, d, P, eps, Ep, vocab, out, nthr):
+def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     """out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
-    of LN_f (2d); Ep: pack_head's panels; out: the flat (rows, vocab) logits.  nthr: the
-    threads the tasks are sized for (an argument: get_num_threads in here is uncacheable)."""
-    xn = np.empty(rows * d, dtype=X.dtype)
+    of LN_f (2d); Ep: pack_head's panels; out: the flat (rows, vocab) logits.  in_place:
+    LN_f(X) is written over X (scratch of the caller's: a decode step then allocates
+    nothing), else into a new buffer.  nthr: the threads the tasks are sized for (an
+    argument: get_num_threads in here is uncacheable)."""
+    xn = X if in_place else np.empty(rows * d, dtype=X.dtype)
     for t in prange(nthr):
         layernorm_piece(X, xn, t, nthr, rows, d, P, 0, d, eps)
     npn = panels(vocab, panel_lanes(Ep))

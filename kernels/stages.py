@@ -13,7 +13,8 @@ from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .gemm import KC, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
-from .layout import bias_len, ceil_div, kt_len, packed_len, panels, row_piece, v_stride, weight_layout
+from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
+                     weight_layout)
 from .options import kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 
@@ -283,8 +284,17 @@ def pack_head(qkv, T, d, n_heads, t, kt, vp):
     pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
 
 
+@kernel(internal=True)
+def attention_work(m, keys, dk, NR, itemsize):
+    """Elements of scratch (of an itemsize-byte dtype) attention_task takes from a work
+    buffer for a tile of m queries over ``keys`` keys."""
+    bk = min(BK, panels(keys, NR) * NR)
+    return (up16(m * dk) + up16(min(m, QSUB) * bk) + up16(m * v_stride(dk, NR))
+            + 2 * up16(m * 8 // itemsize))
+
+
 @kernel(standalone=True, internal=True)
-def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
+def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T, work, w_pos):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
     columns.  K and V are packed in kt and vp (attention_buffers; a KVCache holds them
@@ -293,7 +303,8 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
     head by head, and within a (sequence, head) costly-first: its last query tile (most
     keys under a causal mask) first.  So the threads work on the same head at once and
     share its K and V (2 MiB at T=4096) in L3, where threads on different heads would
-    compete for it (docs/perf-log.md)."""
+    compete for it (docs/perf-log.md).  Scratch: task t's attention_work at w_pos + t
+    times that of a tile of min(T, BQ) queries in ``work``, or new arrays (work empty)."""
     NR = panel_lanes(kt)
     dk = d // n_heads
     ktn = kt_len(max_T, dk, NR)
@@ -305,16 +316,16 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T):
     h = bh % n_heads
     q0 = qt * BQ
     q1 = min(T, q0 + BQ)
-    dt = q.dtype
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
     keys = past + T
     bk = min(BK, panels(keys, NR) * NR)
-    Qt = np.empty(m * dk, dtype=dt)
-    S = np.empty(min(m, QSUB) * bk, dtype=dt)
-    O = np.empty(m * ldv, dtype=dt)
-    mrow = np.empty(m)
-    lrow = np.empty(m)
+    pos = w_pos + t * attention_work(min(T, BQ), keys, dk, NR, q.itemsize) if work.size > 0 else 0
+    Qt, pos = take(work, pos, m * dk)
+    S, pos = take(work, pos, min(m, QSUB) * bk)
+    O, pos = take(work, pos, m * ldv)
+    mrow, pos = take_f64(work, pos, m)
+    lrow, pos = take_f64(work, pos, m)
     # flash_rows numbers queries by token: row i of this sequence is token past + i
     flash_rows(q, ldq, (b * T - past) * ldq + h * dk, keys, dk, kt, bh * ktn, vp, bh * max_T * ldv, ldv,
                past + q0, past + q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,

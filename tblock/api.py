@@ -261,12 +261,7 @@ class Stack:
         if cache is not None:
             if trace:
                 raise ValueError(TRACE_WITH_CACHE)
-            self._check_caches(cache, H)
-            module = get_backend(backend or self.blocks[0].backend or DEFAULT_BACKEND)
-            # one call for the whole stack needs one cache layout (max_T) for every block
-            if hasattr(module, "forward_stack_cached") and len({c.max_T for c in cache}) == 1:
-                return self._forward_cached(H, module, cache)
-            return self._forward_cached_by_block(H, backend, cache)
+            return self.run_cached(H, backend, cache)
         traces = []
         for block in self.blocks:
             if trace:
@@ -275,6 +270,17 @@ class Stack:
             else:
                 H = block(H, backend=backend)
         return (H, traces) if trace else H
+
+    def run_cached(self, H, backend, caches, fresh: bool = True):
+        """``self(H, backend, cache=caches)``.  fresh=False: the result may be scratch of
+        caches[0] that the next call overwrites (GPT2's decode step reads it at once, and
+        so allocates nothing)."""
+        self._check_caches(caches, H)
+        module = get_backend(backend or self.blocks[0].backend or DEFAULT_BACKEND)
+        # one call for the whole stack needs one cache layout (max_T) for every block
+        if hasattr(module, "forward_stack_cached") and len({c.max_T for c in caches}) == 1:
+            return self._forward_cached(H, module, caches, fresh)
+        return self._forward_cached_by_block(H, backend, caches)
 
     def _forward_cached_by_block(self, H, backend, caches):
         """Block after block, each with its cache; on an error no cache has moved."""
@@ -290,13 +296,13 @@ class Stack:
             raise
         return H
 
-    def _forward_cached(self, H, module, caches):
+    def _forward_cached(self, H, module, caches, fresh):
         """Every block with its cache in one backend call (a decode step crosses into
         compiled code once, not once a block); the caches are checked (_check_caches)."""
         for i, block in enumerate(self.blocks):
             block.weights.check(self.cfg, name=f"weights[{i}]")
         H, H3 = _backend_input(H, self.cfg, module)
-        H_out, bad = module.forward_stack_cached(H3, [b.weights for b in self.blocks], self.cfg, caches)
+        H_out, bad = module.forward_stack_cached(H3, [b.weights for b in self.blocks], self.cfg, caches, fresh)
         if H_out is None:
             # no cache has moved: the keys and values written past their length are unused
             if bad == 0:

@@ -537,7 +537,8 @@ class GPT2:
             raise ValueError(f"the cache holds {past} tokens; {T_new} more would pass n_positions="
                              f"{self.config.n_positions}")
         H = self.wte[ids2] + self.wpe[past:past + T_new]       # (B, T_new, d): positions past..past+T_new-1
-        return self.stack(H, backend=backend, cache=cache)
+        # the rows may be the cache's scratch: read them before the next call
+        return self.stack.run_cached(H, backend, cache, fresh=False)
 
     def next_logits(self, ids, cache: list[KVCache], backend: str | None = None, out=None) -> np.ndarray:
         """The logits after the last of the new tokens ``ids`` only: (vocab,) for ids (T_new,),
@@ -552,11 +553,12 @@ class GPT2:
                                 or out.dtype != self.dtype or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
                              f"{(B, self.config.vocab_size)}, got {getattr(out, 'shape', type(out).__name__)}")
-        logits = self._logits(H[:, -1:], name, None if out is None else out[:, None])   # (B, 1, vocab)
+        logits = self._logits(H[:, -1:], name, None if out is None else out[:, None], scratch=True)  # (B, 1, vocab)
         return logits[:, 0] if np.ndim(ids) == 2 else logits[0, 0]
 
-    def _logits(self, H: np.ndarray, backend: str, out: np.ndarray | None = None) -> np.ndarray:
-        """LN_f(H) @ wte^T for H (B, T, d), into ``out`` (B, T, vocab) when given."""
+    def _logits(self, H: np.ndarray, backend: str, out: np.ndarray | None = None, scratch: bool = False) -> np.ndarray:
+        """LN_f(H) @ wte^T for H (B, T, d), into ``out`` (B, T, vocab) when given.
+        scratch: H is the caller's to overwrite (LN_f goes over it)."""
         B, T, d = H.shape
         vocab = self.config.vocab_size
         eps = self.config.layer_norm_epsilon
@@ -578,9 +580,10 @@ class GPT2:
         X = np.ascontiguousarray(H, dtype=self.dtype).reshape(rows * d)     # (B*T*d,) flat rows
         flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
         if 2 * rows * d * vocab < HEAD_PARALLEL_MIN_FLOPS or _runtime._threads == 1 or _runtime._serial_only:
-            head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, 1)
+            head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch, 1)
         else:
-            parallel_call(head_parallel, X, rows, d, self.ln_f, eps, self._head, vocab, flat, pass_threads=True)
+            parallel_call(head_parallel, X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch,
+                          pass_threads=True)
         return out
 
     def param_count(self) -> int:

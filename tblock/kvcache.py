@@ -14,7 +14,8 @@ p*NR+NR-1 as a (d_k, NR) row-major block) and V as rows of d_k rounded up to NR 
 ``keys()``/``values()`` give them as (batch, length, d_model) rows, and the reference
 backends read and write them through ``head_rows`` and ``store``. The memory is allocated
 once: 2 * max_T * d_model values per sequence (max_T rounded up to NR keys, d_k to NR
-columns), and nothing grows per token.
+columns), and nothing grows per token.  Beside them, ``work`` holds the numba kernels'
+scratch for a decode step, so that a step allocates no memory at all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ import numpy as np
 
 from .config import BlockConfig
 from .weights import FLOAT_DTYPES
+
+
+def _work_len(cfg: BlockConfig, batch: int, max_T: int, dtype) -> int:
+    """Elements of the numba kernels' scratch for a decode step (one token a sequence)
+    over up to max_T keys (kernels.block.work_len); 0 where they cannot load."""
+    try:
+        from .kernels.block import work_len
+        from .kernels.gemm import panel_width
+    except Exception:
+        return 0
+    return int(work_len(batch, 1, cfg.d_model, cfg.d_ff, cfg.n_heads, max_T, panel_width(dtype),
+                        np.dtype(dtype).itemsize))
 
 
 def _panel_width(dtype) -> int:
@@ -63,6 +76,9 @@ class KVCache:
         self.V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
         self.length = 0                     # tokens cached so far (the same for every sequence)
         self._addresses = (None, None, 0, 0)
+        # the numba kernels' scratch for a decode step (a few dozen KiB): with it a step
+        # allocates nothing.  Not part of the cache: its contents mean nothing between calls
+        self.work = np.empty(_work_len(cfg, self.batch, self.max_T, dtype), dtype)
 
     def __repr__(self):
         return (f"KVCache(d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, length={self.length}, "

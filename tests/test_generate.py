@@ -8,6 +8,9 @@ trained model's scale, so the greedy continuation does not just repeat a token).
 transformers' own generate is the peer in tests/interop/test_generate_transformers.py.
 """
 
+import ast
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -377,3 +380,43 @@ def test_cli_prompt_without_tokenizers_says_what_to_install(text_ckpt, capsys, m
     code, out, err = run_cli(capsys, text_ckpt, "--prompt", "w5", "-n", 2)
     assert code == 2 and "pip install 'tblock-cpu[text]'" in err
 
+
+
+# ----------------------------------------------------------------------------- no allocation
+
+_STEP_ALLOCATIONS = r"""
+import numpy as np, tblock
+from numba.core.runtime import rtsys
+out = []
+for n_layer, d, heads, vocab, B in [(2, 32, 4, 101, 1), (5, 32, 4, 101, 1), (2, 256, 4, 5000, 2), (4, 256, 4, 5000, 2)]:
+    model = tblock.GPT2.from_config(n_layer=n_layer, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=64, seed=3)
+    ids = np.random.default_rng(0).integers(0, vocab, (B, 20))
+    cache = model.make_cache(40, batch=B)
+    logits = np.empty((B, vocab), np.float32)
+    model.next_logits(ids[:, :10], cache, out=logits)
+    counts = []
+    for t in range(10, 14):
+        before = rtsys.get_allocation_stats().alloc
+        model.next_logits(ids[:, t:t + 1], cache, out=logits)
+        counts.append(rtsys.get_allocation_stats().alloc - before)
+    want = model(ids[:, :14])[:, -1]
+    out.append((max(counts), min(counts), float(np.abs(logits - want).max() / np.abs(want).max())))
+print(out)
+"""
+
+
+def test_a_decode_step_allocates_no_memory_in_compiled_code():
+    """Numba's allocation counter (NUMBA_NRT_STATS) over GPT2.next_logits steps, serial and
+    parallel, one and two sequences: the same count whatever the number of blocks, and no
+    more than the array arguments of the two compiled calls (the blocks: 6, the head: 4),
+    each of which Numba wraps in a small record at the call.  Every buffer of the step (Q, K
+    and V rows, the attention's tiles, the FFN's hidden layer, the blocks' outputs, LN_f's)
+    is the KVCache's work buffer; the logits are the caller's ``out``.  Before it a step of
+    12 blocks made some 800 allocations."""
+    env = {**os.environ, "NUMBA_NRT_STATS": "1", "NUMBA_NUM_THREADS": "2"}
+    p = subprocess.run([sys.executable, "-c", _STEP_ALLOCATIONS], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    assert p.returncode == 0, p.stderr
+    (a2, b2, e1), (a5, b5, e2), (p2, q2, e3), (p4, q4, e4) = ast.literal_eval(p.stdout.strip())
+    assert a2 == b2 == a5 == b5 <= 10 and p2 == q2 == p4 == q4 <= 10
+    assert max(e1, e2, e3, e4) < 1e-5

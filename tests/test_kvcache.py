@@ -506,7 +506,7 @@ def test_numba_stack_in_one_call_equals_block_by_block(d_model, n_heads, T, dtyp
     H = sequences(cfg, 2, T, dtype)
     one, by_block = stack.make_cache(T, 2, dtype), stack.make_cache(T, 2, dtype)
     mixed = [tblock.KVCache(cfg, T + l, 2, dtype) for l in range(3)]
-    calls = _calls(monkeypatch, nb, "block_serial", "block_parallel")
+    calls = _calls(monkeypatch, nb, "cached_serial", "cached_parallel")
     at = 0
     for n in (T - 3, 1, 2):
         X = H[:, at:at + n]
@@ -544,3 +544,23 @@ def test_overflow_inside_a_cached_stack_moves_no_cache(backend):
     assert [c.length for c in caches] == [0, 0, 0]
     good = tblock.Stack(cfg, weights, backend=backend)
     assert rel_err(good(H, cache=caches), good(H)) <= TOL[np.dtype(np.float32)]
+
+
+def test_decode_step_results_are_new_arrays():
+    """A numba decode step takes its scratch from the cache's work buffer, its output among
+    it; what a Block or a Stack returns is the caller's to keep: the next step must not
+    change it."""
+    cfg = CASES["pre-lesson-flags"]
+    stack = tblock.Stack(cfg, [random_weights(cfg, seed=60 + l) for l in range(2)], backend="numba")
+    H = sequences(cfg, 1, 6, np.float64)
+    caches = stack.make_cache(6, dtype=np.float64)
+    block_cache = stack.blocks[0].make_cache(6, dtype=np.float64)
+    stack(H[:, :3], cache=caches)
+    stack.blocks[0](H[:, :3], cache=block_cache)
+    kept = [(stack(H[:, t:t + 1], cache=caches), stack.blocks[0](H[:, t:t + 1], cache=block_cache))
+            for t in (3, 4, 5)]
+    full, first = stack(H), stack.blocks[0](H)
+    for t, (a, b) in zip((3, 4, 5), kept):
+        assert not np.may_share_memory(a, caches[0].work) and not np.may_share_memory(b, block_cache.work)
+        assert rel_err(a, full[:, t:t + 1]) <= TOL[np.dtype(np.float64)]
+        assert rel_err(b, first[:, t:t + 1]) <= TOL[np.dtype(np.float64)]

@@ -106,8 +106,8 @@ def test_the_compiled_block_is_cacheable():
     """Numba refuses to cache a function that touches ctypes globals (get_num_threads()
     inside the block did): after warmup() every top-level kernel has its cache index."""
     tblock.warmup()
-    from tblock.kernels.block import attention_core, block_parallel, block_serial
-    for disp in (block_serial, block_parallel):
+    from tblock.kernels.block import attention_core, block_parallel, block_serial, cached_parallel, cached_serial
+    for disp in (block_serial, block_parallel, cached_serial, cached_parallel):
         index = disp._cache._cache_file._index_path
         assert os.path.exists(index), f"{disp.py_func.__qualname__} was not cached ({index})"
     assert attention_core._cache is not None

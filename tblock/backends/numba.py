@@ -30,7 +30,7 @@ from .. import _runtime
 from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
-from ..kernels.block import attention_core, block_parallel, block_serial
+from ..kernels.block import attention_core, block_parallel, block_serial, cached_parallel, cached_serial
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
 from ..kernels.layout import (bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
@@ -40,6 +40,7 @@ from ..kernels.simd import panel_lanes
 from ..kernels.softmax import masked_softmax_rows
 from ..kernels.stages import MC, MF, ffn_tile
 from ..kernels.validate import all_finite
+from ..kvcache import KVCache
 from .numpy import head_mix, head_probs
 
 _PARALLEL_LOCK = threading.Lock()
@@ -129,9 +130,7 @@ CHECKS_FINITE = True
 def _plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then _flop_terms)."""
-    # then: no KV cache (empty K and V of the dtype, past = -1, max_T = 0), this block only
-    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps,
-               np.empty(0, dtype), np.empty(0, dtype), -1, 0, ONE_BLOCK)
+    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps)
     return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
@@ -164,37 +163,44 @@ def forward_cached(H, weights, cfg, cache):
     the cache's first cache.length; the compiled block writes their keys and values into
     the cache's arrays and attends over the cache (kernels.block, past >= 0).  Returns
     H_out, or None when H holds a NaN or an Inf (nothing is written then)."""
-    out, bad = _run_cached(H, weights, cfg, cache, ONE_BLOCK)
+    out, bad = _run_cached(H, weights, cfg, cache, ONE_BLOCK, True)
     return out if bad < 0 else None
 
 
-def forward_stack_cached(H, weights, cfg, caches):
+def forward_stack_cached(H, weights, cfg, caches, fresh=True):
     """tblock.Stack's blocks with their caches in one compiled call: H as forward_cached's,
     weights and caches one per block (checked by the caller).  Returns (H_out, -1), or
-    (None, i) when block i's input holds a NaN or an Inf (the caches' lengths unchanged)."""
+    (None, i) when block i's input holds a NaN or an Inf (the caches' lengths unchanged).
+    fresh=False: H_out may be scratch of caches[0].work, which the next call overwrites."""
     # the compiled block reaches block i's arrays through their addresses (kernels.block);
     # the lists hold the arrays alive through the call, and every one has block 0's size
     # (one config, dtype, batch and max_T: tblock.Stack checks)
     layers = np.array([(_packed_address(w, H.dtype),) + c.addresses() for w, c in zip(weights, caches)],
                       dtype=np.intp)
-    out, bad = _run_cached(H, weights[0], cfg, caches[0], layers)
+    out, bad = _run_cached(H, weights[0], cfg, caches[0], layers, fresh)
     return (out, -1) if bad < 0 else (None, bad)
 
 
-def _run_cached(H, weights, cfg, cache, layers):
-    """kernels.block with a cache: weights and cache those of block 0 of ``layers``."""
+def _run_cached(H, weights, cfg, cache, layers, fresh):
+    """kernels.block with a cache: weights and cache those of block 0 of ``layers``.  A
+    decode step takes its scratch from cache.work; fresh: an output there is copied out."""
     plan = weights._cache.get(("numba-plan", H.dtype.char))
     if plan is None or plan[0] is not cfg:
         plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
     _, flat, scalars, per_row, per_key = plan
     B, T, d = H.shape
     past = cache.length
-    args = (H, flat, T, d) + scalars[:6] + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T, layers)
+    args = (H, flat, T, d) + scalars + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T, layers,
+                                        cache.work)
     # each new token t sees past + t + 1 keys
     if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        return block_serial(*args, 1)
-    return parallel_call(block_parallel, *args, pass_threads=True)
+        out, bad = cached_serial(*args, 1)
+    else:
+        out, bad = parallel_call(cached_parallel, *args, pass_threads=True)
+    if fresh and np.may_share_memory(out, cache.work):
+        out = out.copy()
+    return out, bad
 
 
 def parallel_call(fn, *args, pass_threads=False):
@@ -294,8 +300,9 @@ def _forward_trace(H, weights, cfg):
 
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel for float32 and float64: the
-    serial and the parallel block (with and without a KV cache: one signature), the trace
-    path and tblock.GPT2's vocabulary head, so no later call compiles."""
+    serial and the parallel block, without and with a KV cache (a stack's decode step
+    among them), the trace path and tblock.GPT2's vocabulary head, so no later call
+    compiles."""
     from ..weights import init_weights
     cfg = BlockConfig(d_model=8, n_heads=2)
     for dtype in (np.float32, np.float64):
@@ -306,6 +313,11 @@ def warmup() -> None:
         block_serial(*args, 1)
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
+        cache = KVCache(cfg, 5, dtype=dtype)
+        cached = args + (cache.K.reshape(-1), cache.V.reshape(-1), 0, 5, ONE_BLOCK, cache.work)
+        cached_serial(*cached, 1)
+        if not _runtime._serial_only:
+            parallel_call(cached_parallel, *cached, pass_threads=True)
         forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included
         _warm_head(dtype)
 
@@ -318,7 +330,7 @@ def _warm_head(dtype):
     P = np.concatenate([np.ones(d, dtype), np.zeros(d, dtype)])
     P.flags.writeable = False
     args = (np.zeros(rows * d, dtype), rows, d, P, 1e-5, pack_head(np.zeros((vocab, d)), dtype), vocab,
-            np.empty(rows * vocab, dtype))
+            np.empty(rows * vocab, dtype), False)
     head_serial(*args, 1)
     if not _runtime._serial_only:
         parallel_call(head_parallel, *args, pass_threads=True)
