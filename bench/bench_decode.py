@@ -24,7 +24,8 @@ loaded with GPT2.from_pretrained (numba backend).  Measured, in one run:
                    summed with vector loads on every thread, best of 10, in this run.
   prefill          P tokens into empty caches, logits of the last row only (tblock:
                    next_logits; transformers: model(ids, use_cache=True, logits_to_keep=1)).
-  memory           the caches' bytes against 2 * n_layer * T * d * 4 (T = n_positions), and
+  memory           the caches' bytes against 2 * n_layer * T * d * 4 (T = n_positions), their
+                   decode scratch (KVCache.work: a step allocates nothing), and
                    the process's RSS after the first token and after --steps more (greedy
                    GPT2.stream: nothing may grow per token), with generate's tokens/s beside
                    transformers' generate (greedy, the same prompt and count).
@@ -157,6 +158,7 @@ def memory_point(hf, ours, prompt_len, steps) -> dict:
     c = ours.config
     caches = ours.make_cache()
     cache_bytes = sum(k.nbytes for k in caches)
+    work_bytes = sum(k.work.nbytes for k in caches)     # a decode step's scratch, beside the cache
     expected = 2 * c.n_layer * c.n_positions * c.n_embd * 4
     del caches
     ids = np.random.default_rng(7).integers(0, c.vocab_size, prompt_len)
@@ -174,7 +176,8 @@ def memory_point(hf, ours, prompt_len, steps) -> dict:
         t0 = time.perf_counter()
         theirs = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=steps + 1)
         hf_s = time.perf_counter() - t0
-    return {"cache_bytes": cache_bytes, "cache_bytes_expected": expected, "prompt": prompt_len, "steps": steps,
+    return {"cache_bytes": cache_bytes, "cache_bytes_expected": expected, "work_bytes": work_bytes,
+            "prompt": prompt_len, "steps": steps,
             "rss_after_first_token": rss[0], "rss_after_last": rss[1], "rss_growth": rss[1] - rss[0],
             "tblock_tokens_per_s": ours_tps, "transformers_generate_tokens_per_s": (steps + 1) / hf_s,
             "same_tokens_as_transformers": bool(np.array_equal(np.concatenate([ids, toks]), theirs[0].numpy()))}
@@ -240,7 +243,8 @@ def main(argv=None):
     pad = ("" if r["cache_bytes"] == r["cache_bytes_expected"] else
            "; the rest is the packed layout's padding of d_k and T to whole panels")
     print(f"caches: {r['cache_bytes']:,} bytes for T = {n_pos} "
-          f"(2 * {n_layer} * {n_pos} * {d} * 4 = {r['cache_bytes_expected']:,}{pad}); RSS after the first token "
+          f"(2 * {n_layer} * {n_pos} * {d} * 4 = {r['cache_bytes_expected']:,}{pad}), and {r['work_bytes']:,} bytes "
+          f"of decode scratch (KVCache.work); RSS after the first token "
           f"{r['rss_after_first_token'] / 2**20:.1f} MiB, after {r['steps']} more {r['rss_after_last'] / 2**20:.1f} MiB "
           f"({r['rss_growth'] / 2**20:+.2f} MiB)")
     print(f"greedy generation after a {r['prompt']}-token prompt: tblock {r['tblock_tokens_per_s']:.1f} tokens/s, "

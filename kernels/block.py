@@ -97,6 +97,14 @@ def next_task(nxt, nthr):
     return claim(nxt)
 
 
+@kernel(inline="always")
+def task_counter(plan, s):
+    """Stage s's counter of claimed tasks (next_task), zero: a view of plan[s, 2]."""
+    nxt = borrowed(plan[s, 2:])
+    nxt[0] = 0
+    return nxt
+
+
 @kernel(internal=True)
 def plan_stage(plan, n, stage, ntasks):
     """Append (stage, ntasks) as row n of plan; the next free row."""
@@ -242,8 +250,7 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
                                                      borrowed(kt), borrowed(vp), borrowed(srow), borrowed(Kc),
                                                      borrowed(Vc), borrowed(work))
     for s in range(n):
-        nxt = borrowed(plan[s, 2:])
-        nxt[0] = 0
+        nxt = task_counter(plan, s)
         for _ in prange(min(nthr, plan[s, 1])):
             t = next_task(nxt, nthr)
             while t < plan[s, 1]:
@@ -282,8 +289,7 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
     outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
     for s in range(n):
-        nxt = borrowed(plan[s, 2:])
-        nxt[0] = 0
+        nxt = task_counter(plan, s)
         for _ in prange(min(nthr, plan[s, 1])):
             t = next_task(nxt, nthr)
             while t < plan[s, 1]:

@@ -130,8 +130,8 @@ def task_tile(t, groups, mc, rows, npanels):
 
 @kernel(internal=True)
 def up16(n):
-    """n rounded up to 16 elements: scratch parts start on 64-byte lines (16 float32, 8+
-    float64 elements)."""
+    """n rounded up to 16 elements, a multiple of 64 bytes in float32 and float64: each
+    part of a work buffer starts on a cache line."""
     return (n + 15) // 16 * 16
 
 
