@@ -21,7 +21,11 @@ loaded with GPT2.from_pretrained (numba backend).  Measured, in one run:
                    wte the head reads (vocab x d); not the one wpe row, not the cache.  The
                    cache's 2 * n_layer * L * d floats, also read every step, give the second
                    floor "+ KV".  Read bandwidth: tblock.perf.peak.memory_bandwidth, 1 GiB
-                   summed with vector loads on every thread, best of 10, in this run.
+                   summed with vector loads on every thread, best of 10, in this run.  And
+                   "in rounds": the same read of the weights' bytes (tblock.perf.peak.read_pass)
+                   timed in the decode point's own interleaved rounds, its median: the floor
+                   under the bandwidth the step itself met (a shared host's swings by a
+                   third between moments).
   prefill          P tokens into empty caches, logits of the last row only (tblock:
                    next_logits; transformers: model(ids, use_cache=True, logits_to_keep=1)).
   memory           the caches' bytes against 2 * n_layer * T * d * 4 (T = n_positions), their
@@ -89,7 +93,7 @@ def hf_step_fn(hf, cache_kw: str):
     return make
 
 
-def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, budget_s, min_reps) -> dict:
+def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, read_floor, budget_s, min_reps) -> dict:
     ids = np.random.default_rng(L).integers(0, hf.config.vocab_size, (1, L))
     import torch
     theirs = make_hf_step(torch.from_numpy(ids), L)
@@ -118,12 +122,14 @@ def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, budget_s, min_r
     step()
     err = rel_err(buf[0], theirs()[0, -1].numpy())
     times = perf.interleaved({"tblock": step, "transformers": theirs, "tblock blocks": blocks,
-                              "tblock head": head}, min_reps, budget_s)
+                              "tblock head": head, "read the weights' bytes": read_floor}, min_reps, budget_s)
     med = {n: float(np.median(ts)) for n, ts in times.items()}
+    in_rounds = med["read the weights' bytes"]
     return {"context": L, "max_rel_err": err, "median_s": med, "best_s": {n: min(ts) for n, ts in times.items()},
             "reps": {n: len(ts) for n, ts in times.items()}, "first_calls_s": first,
             "ratio": med["tblock"] / med["transformers"], "floor_s": floor_s, "over_floor": med["tblock"] / floor_s,
-            "floor_kv_s": kv_floor_s, "over_floor_kv": med["tblock"] / kv_floor_s}
+            "floor_kv_s": kv_floor_s, "over_floor_kv": med["tblock"] / kv_floor_s,
+            "floor_in_rounds_s": in_rounds, "over_floor_in_rounds": med["tblock"] / in_rounds}
 
 
 def prefill_point(hf, ours, P, budget_s, min_reps) -> dict:
@@ -201,7 +207,7 @@ def main(argv=None):
 
     peers.import_early(["torch"])           # torch before Numba's pool (tblock.peers says why)
     threads, _ = perf.pin_threads(args.threads, with_torch=True)
-    from tblock.perf.peak import memory_bandwidth
+    from tblock.perf.peak import memory_bandwidth, read_pass
     hf, ours, load_s = build(args.model, seed=0)
     cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     results = run_record(threads, args.model, load_s)
@@ -219,19 +225,21 @@ def main(argv=None):
     shape = "GPT-2 small shape" if args.model == SMALL else f"shape {args.model}"
     print(f"{shape}, random weights, float32, B = 1; medians of interleaved rounds\n", flush=True)
 
+    read_floor = read_pass(wb["total"], threads["numba"])
     make_hf_step = hf_step_fn(hf, cache_kw)
     d, n_layer = args.model["n_embd"], args.model["n_layer"]
     print(f"{'context':>7} {'tblock':>9} {'blocks':>8} {'head':>7} {'transformers':>13} {'ratio':>6} "
-          f"{'floor':>8} {'x floor':>7} {'+KV floor':>9} {'x':>5} {'rel err':>8}")
+          f"{'floor':>8} {'x floor':>7} {'+KV floor':>9} {'x':>5} {'in rounds':>9} {'x':>5} {'rel err':>8}")
     results["decode"] = []
     for L in args.contexts:
         kv_floor = (wb["total"] + 2 * n_layer * L * d * 4) / read
-        r = decode_point(hf, ours, L, make_hf_step, floor, kv_floor, args.budget, args.min_reps)
+        r = decode_point(hf, ours, L, make_hf_step, floor, kv_floor, read_floor, args.budget, args.min_reps)
         results["decode"].append(r)
         m = r["median_s"]
         print(f"{L:>7} {m['tblock'] * 1e3:>6.2f} ms {m['tblock blocks'] * 1e3:>5.2f} ms {m['tblock head'] * 1e3:>4.2f} ms "
               f"{m['transformers'] * 1e3:>10.2f} ms {r['ratio']:>6.2f} {floor * 1e3:>5.2f} ms {r['over_floor']:>7.2f} "
-              f"{kv_floor * 1e3:>6.2f} ms {r['over_floor_kv']:>5.2f} {r['max_rel_err']:>8.1e}", flush=True)
+              f"{kv_floor * 1e3:>6.2f} ms {r['over_floor_kv']:>5.2f} {r['floor_in_rounds_s'] * 1e3:>6.2f} ms "
+              f"{r['over_floor_in_rounds']:>5.2f} {r['max_rel_err']:>8.1e}", flush=True)
 
     r = results["prefill"] = prefill_point(hf, ours, args.prefill, args.budget, args.min_reps)
     m = r["median_s"]

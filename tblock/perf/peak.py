@@ -164,3 +164,19 @@ def memory_bandwidth(threads: int, nbytes: int = 1 << 30, runs: int = 10) -> dic
     return {"read_GBs": max(reads), "read_median_GBs": float(np.median(reads)), "copy_GBs": max(copies),
             "copy_median_GBs": float(np.median(copies)), "buffer_bytes": int(a.nbytes), "threads": threads,
             "runs": runs}
+
+
+def read_pass(nbytes: int, threads: int):
+    """A function that reads a float32 buffer of ``nbytes`` once on ``threads`` threads,
+    as memory_bandwidth's read does: to time among other work in the same rounds, so that
+    a memory-bound call and the floor it is held to see the same machine (a shared host's
+    bandwidth swings by a third between moments)."""
+    from ..backends.numba import parallel_call
+    read, _ = _stream_kernels()
+    a = np.ones(nbytes // 4, np.float32)            # written here: every page is touched now
+    out = np.empty(threads, np.float32)
+
+    def run():
+        parallel_call(read, a, out, threads)
+    run()
+    return run
