@@ -49,7 +49,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, take_intp, task_tile, up16,
+from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16,
                      weight_layout)
 from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
@@ -83,26 +83,6 @@ def attention_core(qkv, T, d, n_heads, causal):
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
 LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
 OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
-
-
-@kernel(inline="always")
-def next_task(nxt, nthr):
-    """The next task of a stage, from its counter nxt[0]: claimed atomically by one of the
-    threads (options.claim), or simply counted on one (an atomic costs ~20 cycles, and the
-    toy block runs a dozen tasks)."""
-    if nthr == 1:
-        t = nxt[0]
-        nxt[0] = t + 1
-        return t
-    return claim(nxt)
-
-
-@kernel(inline="always")
-def task_counter(plan, s):
-    """Stage s's counter of claimed tasks (next_task), zero: a view of plan[s, 2]."""
-    nxt = borrowed(plan[s, 2:])
-    nxt[0] = 0
-    return nxt
 
 
 @kernel(internal=True)
@@ -173,22 +153,23 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     """Elements of a work buffer (of an itemsize-byte dtype) that holds all the scratch of
     one_block for ``rows`` rows, T per sequence, attending over ``keys`` keys, on the path
     of few keys (T * T * d_k <= DIRECT_MAX, or tokens cached): a KVCache keeps one for a
-    decode step, so the step allocates nothing.  In the order one_block takes it: the
-    stage plan, Q K V rows, LN1, the untiled attention's row, each attention task's tiles,
+    decode step, so the step allocates nothing.  In the order one_block takes it: Q K V
+    rows, LN1, the untiled attention's row, each attention task's tiles,
     two output buffers (a stack's blocks alternate), the FFN's input and hidden layer."""
     w = 8 // itemsize
     nbh = rows // T * n_heads
-    n = up16(15 * w) + up16(rows * 3 * d) + up16(rows * d) + up16(nbh * T * w)
+    n = up16(rows * 3 * d) + up16(rows * d) + up16(nbh * T * w)
     n += nbh * ceil_div(T, BQ) * attention_work(min(T, BQ), keys, d // n_heads, NR, itemsize)
     return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
 
 
-@kernel(inline="always", readonly=("H", "Wf"))
-def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, work, slot):
-    """One block of _block (which sets out the arguments) on the flat rows H: its output
-    (B, T, d), a new array; or with a work buffer (work_len elements, few keys; empty:
-    none) output buffer ``slot`` (0 or 1) of it, every scratch buffer taken from it too.
-    Inlined: its parallel loops become the caller's."""
+def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, plan, work, slot):
+    """One block of _block and _cached (which set out the arguments) on the flat rows H:
+    its output (B, T, d), a new array; or with a work buffer (work_len elements, few keys;
+    empty: none) output buffer ``slot`` (0 or 1) of it, every scratch buffer taken from it
+    too.  plan: (5, 3) intp, room for the stages' (stage, number of tasks, next task), in
+    order.  Both callers call the one build (one_block_serial, one_block_parallel): the body
+    with its two parallel loops is compiled once."""
     NR = panel_lanes(Wf)
     rows = H.size // d
     nseq = rows // T
@@ -196,8 +177,7 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
     extend = past > 0                   # the new rows attend over cached tokens too
     direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
     arena = work.size > 0
-    plan, pos = take_intp(work, 0, 15)  # (stage, number of tasks, next task) in order; 5 at most
-    plan = plan.reshape((5, 3))
+    pos = 0
     if direct:
         # tiny sequences: Q, K, V side by side in one (rows, 3d) buffer, read in place
         ldq = 3 * d
@@ -250,14 +230,14 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
                                                      borrowed(kt), borrowed(vp), borrowed(srow), borrowed(Kc),
                                                      borrowed(Vc), borrowed(work))
     for s in range(n):
-        nxt = task_counter(plan, s)
+        plan[s, 2] = 0
         for _ in prange(min(nthr, plan[s, 1])):
-            t = next_task(nxt, nthr)
+            t = claim(plan, s, nthr)
             while t < plan[s, 1]:
                 attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
                                       ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T,
                                       wb, a_pos)
-                t = next_task(nxt, nthr)
+                t = claim(plan, s, nthr)
     keep_alive(X, kt, vp, srow)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
@@ -289,15 +269,19 @@ def one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past,
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
     outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
     for s in range(n):
-        nxt = task_counter(plan, s)
+        plan[s, 2] = 0
         for _ in prange(min(nthr, plan[s, 1])):
-            t = next_task(nxt, nthr)
+            t = claim(plan, s, nthr)
             while t < plan[s, 1]:
                 output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
                                    mf, outb, xnb, hidb, ldh)
-                t = next_task(nxt, nthr)
+                t = claim(plan, s, nthr)
     keep_alive(q, out, xn, hid, plan, work)
     return out3
+
+
+one_block_serial, one_block_parallel = serial_and_parallel(_one_block, "one_block", internal=True, standalone=True,
+                                                           readonly=("H", "Wf"))
 
 
 def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
@@ -315,13 +299,15 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer
-    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, none, 0), -1
+    plan = np.empty((5, 3), dtype=np.intp)
+    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0), -1
 
 
-block_serial, block_parallel = serial_and_parallel(_block, "block")
+block_serial, block_parallel = serial_and_parallel(_block, "block",
+                                                   calls={"one_block": (one_block_serial, one_block_parallel)}, loops=False)
 
 
-def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, work, nthr):
+def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan, work, nthr):
     """_block with a KV cache (causal), and as many blocks as ``layers`` holds: (H_out,
     -1), or (an empty array, i) when the input of block i holds a NaN or an Inf.
 
@@ -336,9 +322,10 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
     Wf, Kc, Vc.
 
-    work: a buffer for all scratch (work_len; a KVCache's), used when it is large enough
-    for this call (a decode step): the call then allocates nothing, and H_out is one of
-    its two output buffers.  Empty: every buffer new."""
+    plan: (5, 3) intp, room for the stage plan (one_block).  work: a buffer for all other
+    scratch (work_len; a KVCache's), used when it is large enough for this call (a
+    decode step): the call then allocates nothing, and H_out is one of its two output
+    buffers.  Empty: every buffer new."""
     H = H3.reshape(H3.size)
     nblocks = max(1, layers.shape[0])
     d_k = d // n_heads
@@ -355,7 +342,7 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
             W, K, V = borrowed(Wf), borrowed(Kc), borrowed(Vc)
         if not all_finite(H):              # as in _block
             break
-        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, work,
+        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, plan, work,
                          blk % 2)
         if blk == nblocks - 1:
             return out3, -1
@@ -363,4 +350,5 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     return np.empty((0, 0, 0), dtype=H3.dtype), blk
 
 
-cached_serial, cached_parallel = serial_and_parallel(_cached, "cached")
+cached_serial, cached_parallel = serial_and_parallel(_cached, "cached",
+                                                     calls={"one_block": (one_block_serial, one_block_parallel)}, loops=False)

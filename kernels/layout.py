@@ -7,7 +7,7 @@
     bias_len     elements of a projection's bias there (whole panels)
     weight_layout  offsets of every weight in that buffer
     rows_per_task, stage_grid, task_tile   how a stage of the block splits into tasks
-    take, take_f64, take_intp   scratch from a caller's work buffer (a KVCache's), or new
+    take, take_f64   scratch from a caller's work buffer (a KVCache's), or new arrays
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def up16(n):
     return (n + 15) // 16 * 16
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def take(work, pos, n):
     """n elements of scratch of work's dtype: work[pos : pos+n] and the next free
     position, or with no work buffer (work.size == 0) a new array and pos unchanged.  A
@@ -146,7 +146,7 @@ def take(work, pos, n):
     return work[pos:pos + n], pos + up16(n)
 
 
-@kernel(inline="always")
+@kernel(internal=True)
 def take_f64(work, pos, n):
     """As take, n float64 elements (the softmax's running sums are float64 in float32 too)."""
     if work.size == 0:
@@ -154,11 +154,3 @@ def take_f64(work, pos, n):
     k = n * 8 // work.itemsize
     return work[pos:pos + k].view(np.float64), pos + up16(k)
 
-
-@kernel(inline="always")
-def take_intp(work, pos, n):
-    """As take, n intp elements."""
-    if work.size == 0:
-        return np.empty(n, dtype=np.intp), pos
-    k = n * 8 // work.itemsize
-    return work[pos:pos + k].view(np.intp), pos + up16(k)

@@ -110,17 +110,22 @@ def kernel(fn=None, readonly=(), standalone=False, internal=False, **options):
     return wrap(fn) if fn is not None else wrap
 
 
-def serial_and_parallel(fn, name):
+def serial_and_parallel(fn, name, calls=None, loops=True, **options):
     """Two kernels of one body, ``{name}_serial`` and ``{name}_parallel`` (prange a plain
     loop in the first).  Numba names its cache files after the function's qualified name,
     so each copy gets its own; otherwise the two builds would overwrite each other's
-    cache entries."""
+    cache entries.  calls: {global name: (serial kernel, parallel kernel)}, the kernels
+    each copy calls under that name (a parallel body's serial twin calls serial code);
+    loops=False: the body has no prange of its own (both copies serial code that call
+    the kernels of ``calls``).  options: kernel()'s."""
     def copy(suffix, parallel):
-        f = pytypes.FunctionType(fn.__code__, fn.__globals__, f"{name}_{suffix}", fn.__defaults__,
-                                 fn.__closure__)
+        names = dict(fn.__globals__)
+        for key, pair in (calls or {}).items():
+            names[key] = pair[parallel]
+        f = pytypes.FunctionType(fn.__code__, names, f"{name}_{suffix}", fn.__defaults__, fn.__closure__)
         f.__qualname__ = f.__name__
         f.__doc__ = fn.__doc__
-        return kernel(f, parallel=parallel)
+        return kernel(f, parallel=parallel and loops, **options)
     return copy("serial", False), copy("parallel", True)
 
 
@@ -227,16 +232,33 @@ def borrowed_at(typingctx, like, address, n):
 
 
 @intrinsic
-def claim(typingctx, counter):
-    """The next task of a stage: counter[0], atomically incremented (an intp array of one
-    element).  Numba's OpenMP layer splits a prange statically, half the iterations to
-    each of two threads whatever they cost; threads that claim tasks one at a time from
-    a shared counter balance themselves."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.intp and counter.mutable):
-        raise TypingError(f"claim: a writable intp array, not {counter}")
+def claim(typingctx, plan, s, nthr):
+    """The next task of stage s: plan[s, 2], then incremented (plan an intp array (stages,
+    3)), atomically when nthr > 1.  Numba's OpenMP layer splits a prange statically, half
+    the iterations to each of two threads whatever they cost; threads that claim tasks one
+    at a time from a shared counter balance themselves.  One thread just counts (an atomic
+    costs ~20 cycles, and the toy block runs a dozen tasks)."""
+    if not (isinstance(plan, types.Array) and plan.dtype == types.intp and plan.ndim == 2 and plan.mutable
+            and isinstance(s, types.Integer) and isinstance(nthr, types.Integer)):
+        raise TypingError(f"claim: a writable 2-D intp array and two integers, not {plan}, {s}, {nthr}")
 
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        row = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary,
+                                       [row, context.get_constant(types.intp, 2)])
         one = context.get_constant(types.intp, 1)
-        return builder.atomic_rmw("add", ary.data, one, "monotonic")
-    return types.intp(counter), codegen
+        many = builder.icmp_signed(">", context.cast(builder, args[2], sig.args[2], types.intp), one)
+        with builder.if_else(many) as (atomic, plain):
+            with atomic:
+                shared = builder.atomic_rmw("add", ptr, one, "monotonic")
+                atomic_block = builder.block
+            with plain:
+                alone = builder.load(ptr)
+                builder.store(builder.add(alone, one), ptr)
+                plain_block = builder.block
+        t = builder.phi(shared.type)
+        t.add_incoming(shared, atomic_block)
+        t.add_incoming(alone, plain_block)
+        return t
+    return types.intp(plan, s, nthr), codegen

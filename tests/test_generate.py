@@ -408,7 +408,7 @@ print(out)
 def test_a_decode_step_allocates_no_memory_in_compiled_code():
     """Numba's allocation counter (NUMBA_NRT_STATS) over GPT2.next_logits steps, serial and
     parallel, one and two sequences: the same count whatever the number of blocks, and no
-    more than the array arguments of the two compiled calls (the blocks: 6, the head: 4),
+    more than the array arguments of the two compiled calls (the blocks: 7, the head: 4),
     each of which Numba wraps in a small record at the call.  Every buffer of the step (Q, K
     and V rows, the attention's tiles, the FFN's hidden layer, the blocks' outputs, LN_f's)
     is the KVCache's work buffer; the logits are the caller's ``out``.  Before it a step of
@@ -418,5 +418,5 @@ def test_a_decode_step_allocates_no_memory_in_compiled_code():
                        timeout=1800)
     assert p.returncode == 0, p.stderr
     (a2, b2, e1), (a5, b5, e2), (p2, q2, e3), (p4, q4, e4) = ast.literal_eval(p.stdout.strip())
-    assert a2 == b2 == a5 == b5 <= 10 and p2 == q2 == p4 == q4 <= 10
+    assert a2 == b2 == a5 == b5 <= 11 and p2 == q2 == p4 == q4 <= 11
     assert max(e1, e2, e3, e4) < 1e-5

@@ -131,7 +131,7 @@ def test_import_loads_numba_but_compiles_nothing():
 
 _CACHED_BLOCK = r"""
 import re, numpy as np, tblock
-from tblock.kernels.block import block_parallel, block_serial
+from tblock.kernels.block import block_parallel, block_serial, one_block_parallel
 cfg = tblock.BlockConfig(d_model=24, n_heads=3)
 w = tblock.init_weights(cfg, 1)
 errs = []
@@ -143,16 +143,19 @@ for T in (3, 2000):                             # the serial and the parallel bl
 hits = sum(block_parallel.stats.cache_hits.values()) + sum(block_serial.stats.cache_hits.values())
 by_address = linked = "-"
 if hits == 0:                                   # inspection works on freshly compiled code only
-    ir = next(iter(block_parallel.overloads.values())).library.get_llvm_str()
-    by_address = re.search(r'declare [^@]*@"?tblock\.kernel\.attention_stages_task\.', ir) is not None
-    linked = any("qkv_task" in f for f in re.findall(r'^define [^@]*@"?([^"(]+)', ir, re.M))
+    outer = next(iter(block_parallel.overloads.values())).library.get_llvm_str()
+    ir = next(iter(one_block_parallel.overloads.values())).library.get_llvm_str()
+    by_address = (re.search(r'declare [^@]*@"?tblock\.kernel\.one_block_parallel\.', outer) is not None
+                  and re.search(r'declare [^@]*@"?tblock\.kernel\.attention_stages_task\.', ir) is not None)
+    linked = any("qkv_task" in f for f in re.findall(r'^define [^@]*@"?([^"(]+)', outer + ir, re.M))
 print(hits, by_address, linked, max(errs))
 """
 
 
 def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path):
-    """The parallel block calls its stage tasks through their addresses (kernels.options,
-    standalone=True): its machine code declares them and carries no copy of the tasks.
+    """The parallel block calls its body (one_block_parallel), and the body its stage
+    tasks, through their addresses (kernels.options, standalone=True): their machine code
+    declares them and carries no copy of the tasks.
     A process that loads the block from Numba's cache must publish those addresses before
     it links the block (reload_init), or LLVM would abort on the unresolved symbol: the
     second process loads both blocks and gets the oracle's answer."""
@@ -219,25 +222,26 @@ def test_a_view_at_an_address_is_the_array_there():
 
 def test_claimed_tasks_are_each_run_exactly_once():
     """kernels.options.claim under a parallel loop of more workers than threads: every
-    task index 0..n-1 is handed out once, whichever thread asks."""
+    task index 0..n-1 is handed out once, whichever thread asks; on one thread (no
+    atomics) the same."""
     from numba import prange
 
     from tblock.kernels.options import claim, kernel
 
     @kernel(parallel=True)
-    def run(n, workers):
-        nxt = np.zeros(1, dtype=np.intp)
+    def run(n, workers, nthr):
+        plan = np.zeros((2, 3), dtype=np.intp)
         ran = np.zeros(n, dtype=np.intp)
         for _ in prange(workers):
-            t = claim(nxt)
+            t = claim(plan, 1, nthr)
             while t < n:
                 ran[t] += 1
-                t = claim(nxt)
-        return ran, nxt[0]
+                t = claim(plan, 1, nthr)
+        return ran, plan[1, 2], plan[0, 2]
 
-    for n, workers in ((1, 1), (1000, 2), (5000, 7)):
-        ran, last = run(n, workers)
-        assert (ran == 1).all() and last == n + workers
+    for n, workers, nthr in ((1, 1, 1), (1000, 2, 2), (5000, 7, 2), (300, 1, 1)):
+        ran, last, other = run(n, workers, nthr)
+        assert (ran == 1).all() and last == n + workers and other == 0
 
 
 _BOUNDS_CHECKED = r"""

@@ -191,7 +191,7 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
     B, T, d = H.shape
     past = cache.length
     args = (H, flat, T, d) + scalars + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T, layers,
-                                        cache.work)
+                                        np.empty((5, 3), np.intp), cache.work)
     # each new token t sees past + t + 1 keys
     if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
@@ -314,7 +314,8 @@ def warmup() -> None:
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         cache = KVCache(cfg, 5, dtype=dtype)
-        cached = args + (cache.K.reshape(-1), cache.V.reshape(-1), 0, 5, ONE_BLOCK, cache.work)
+        cached = args + (cache.K.reshape(-1), cache.V.reshape(-1), 0, 5, ONE_BLOCK, np.empty((5, 3), np.intp),
+                         cache.work)
         cached_serial(*cached, 1)
         if not _runtime._serial_only:
             parallel_call(cached_parallel, *cached, pass_threads=True)
