@@ -53,9 +53,9 @@ from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64
                      weight_layout)
 from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
-from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_work, attention_direct_task, attention_task,
-                     cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task,
-                     ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
+from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
+                     attention_work, cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task,
+                     ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
 from .validate import all_finite
 
 
@@ -154,8 +154,8 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     one_block for ``rows`` rows, T per sequence, attending over ``keys`` keys, on the path
     of few keys (T * T * d_k <= DIRECT_MAX, or tokens cached): a KVCache keeps one for a
     decode step, so the step allocates nothing.  In the order one_block takes it: Q K V
-    rows, LN1, the untiled attention's row, each attention task's tiles,
-    two output buffers (a stack's blocks alternate), the FFN's input and hidden layer."""
+    rows, LN1, the untiled attention's row, each attention task's tiles, two output
+    buffers (a stack's blocks alternate), the FFN's input and hidden layer."""
     w = 8 // itemsize
     nbh = rows // T * n_heads
     n = up16(rows * 3 * d) + up16(rows * d) + up16(nbh * T * w)
@@ -303,8 +303,8 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0), -1
 
 
-block_serial, block_parallel = serial_and_parallel(_block, "block",
-                                                   calls={"one_block": (one_block_serial, one_block_parallel)}, loops=False)
+BODY = {"one_block": (one_block_serial, one_block_parallel)}     # the build each copy calls
+block_serial, block_parallel = serial_and_parallel(_block, "block", calls=BODY, loops=False)
 
 
 def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan, work, nthr):
@@ -350,5 +350,4 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     return np.empty((0, 0, 0), dtype=H3.dtype), blk
 
 
-cached_serial, cached_parallel = serial_and_parallel(_cached, "cached",
-                                                     calls={"one_block": (one_block_serial, one_block_parallel)}, loops=False)
+cached_serial, cached_parallel = serial_and_parallel(_cached, "cached", calls=BODY, loops=False)
