@@ -83,6 +83,7 @@ def attention_core(qkv, T, d, n_heads, causal):
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
 LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
 OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
+PLAN_ROWS = 5       # stages of a half at most: the stage plan is (PLAN_ROWS, 3) intp
 
 
 @kernel(internal=True)
@@ -167,8 +168,8 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     """One block of _block and _cached (which set out the arguments) on the flat rows H:
     its output (B, T, d), a new array; or with a work buffer (work_len elements, few keys;
     empty: none) output buffer ``slot`` (0 or 1) of it, every scratch buffer taken from it
-    too.  plan: (5, 3) intp, room for the stages' (stage, number of tasks, next task), in
-    order.  Both callers call the one build (one_block_serial, one_block_parallel): the body
+    too.  plan: (PLAN_ROWS, 3) intp, room for a half's stages (stage, number of tasks, next
+    task), in order.  Both callers call the one build (one_block_serial, one_block_parallel): the body
     with its two parallel loops is compiled once."""
     NR = panel_lanes(Wf)
     rows = H.size // d
@@ -299,7 +300,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer
-    plan = np.empty((5, 3), dtype=np.intp)
+    plan = np.empty((PLAN_ROWS, 3), dtype=np.intp)
     return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0), -1
 
 
@@ -322,9 +323,9 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
     Wf, Kc, Vc.
 
-    plan: (5, 3) intp, room for the stage plan (one_block).  work: a buffer for all other
-    scratch (work_len; a KVCache's), used when it is large enough for this call (a
-    decode step): the call then allocates nothing, and H_out is one of its two output
+    plan: (PLAN_ROWS, 3) intp, room for the stage plan (one_block).  work: a buffer for
+    all other scratch (work_len; a KVCache's), used when it is large enough for this call
+    (a decode step): the call then allocates nothing, and H_out is one of its two output
     buffers.  Empty: every buffer new."""
     H = H3.reshape(H3.size)
     nblocks = max(1, layers.shape[0])

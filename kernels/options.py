@@ -230,7 +230,6 @@ def borrowed_at(typingctx, like, address, n):
     return view(like, address, n), codegen
 
 
-
 @intrinsic
 def claim(typingctx, plan, s, nthr):
     """The next task of stage s: plan[s, 2], then incremented (plan an intp array (stages,

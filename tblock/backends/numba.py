@@ -30,7 +30,8 @@ from .. import _runtime
 from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
-from ..kernels.block import attention_core, block_parallel, block_serial, cached_parallel, cached_serial
+from ..kernels.block import (PLAN_ROWS, attention_core, block_parallel, block_serial, cached_parallel,
+                             cached_serial)
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
 from ..kernels.layout import (bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
@@ -181,6 +182,13 @@ def forward_stack_cached(H, weights, cfg, caches, fresh=True):
     return (out, -1) if bad < 0 else (None, bad)
 
 
+def _cache_args(cache, layers):
+    """The cached block's arguments after the config's: K, V, past, max_T, the table of
+    blocks, room for the stage plan, the work buffer."""
+    return (cache.K.reshape(-1), cache.V.reshape(-1), cache.length, cache.max_T, layers,
+            np.empty((PLAN_ROWS, 3), np.intp), cache.work)
+
+
 def _run_cached(H, weights, cfg, cache, layers, fresh):
     """kernels.block with a cache: weights and cache those of block 0 of ``layers``.  A
     decode step takes its scratch from cache.work; fresh: an output there is copied out."""
@@ -190,8 +198,7 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
     _, flat, scalars, per_row, per_key = plan
     B, T, d = H.shape
     past = cache.length
-    args = (H, flat, T, d) + scalars + (cache.K.reshape(-1), cache.V.reshape(-1), past, cache.max_T, layers,
-                                        np.empty((5, 3), np.intp), cache.work)
+    args = (H, flat, T, d) + scalars + _cache_args(cache, layers)
     # each new token t sees past + t + 1 keys
     if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
@@ -314,8 +321,7 @@ def warmup() -> None:
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         cache = KVCache(cfg, 5, dtype=dtype)
-        cached = args + (cache.K.reshape(-1), cache.V.reshape(-1), 0, 5, ONE_BLOCK, np.empty((5, 3), np.intp),
-                         cache.work)
+        cached = args + _cache_args(cache, ONE_BLOCK)
         cached_serial(*cached, 1)
         if not _runtime._serial_only:
             parallel_call(cached_parallel, *cached, pass_threads=True)
