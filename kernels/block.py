@@ -32,7 +32,8 @@ compile short.  Each thread claims the stage's tasks one at a time from a shared
 OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
 one by one (each head's costly query tiles first) they balance the cores.
 ``block_serial`` is the same code compiled without prange, for sizes where launching a
-parallel region costs more than the work (the lesson's toy block).  A stack of blocks
+parallel region costs more than the work (the lesson's toy block); it writes into an
+output its caller made (handing a Numba array back to Python costs more).  A stack of blocks
 with KV caches runs in one call (``cached_parallel``, ``cached_serial``: the block
 with a cache, over a table of blocks): a decode step crosses from Python into compiled
 code once, not once a block, and takes its scratch from the cache (work_len).
@@ -164,11 +165,12 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
 
 
-def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, plan, work, slot):
+def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, plan, work, slot,
+               dest):
     """One block of _block and _cached (which set out the arguments) on the flat rows H:
-    its output (B, T, d), a new array; or with a work buffer (work_len elements, few keys;
-    empty: none) output buffer ``slot`` (0 or 1) of it, every scratch buffer taken from it
-    too.  plan: (PLAN_ROWS, 3) intp, room for a half's stages (stage, number of tasks, next
+    its output (B, T, d): dest when it is not empty (rows * d elements); else with a work
+    buffer (work_len elements, few keys; empty: none) output buffer ``slot`` (0 or 1) of
+    it, every scratch buffer taken from it too; else a new array.  plan: (PLAN_ROWS, 3) intp, room for a half's stages (stage, number of tasks, next
     task), in order.  Both callers call the one build (one_block_serial, one_block_parallel): the body
     with its two parallel loops is compiled once."""
     NR = panel_lanes(Wf)
@@ -244,7 +246,10 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
     # output is allocated only now, after the packed K and V are freed: at d_model=768,
     # T=4096 that keeps 12 MiB off the peak
-    out, _ = take(work, pos + slot * up16(rows * d), rows * d)
+    if dest.size > 0:
+        out = dest
+    else:
+        out, _ = take(work, pos + slot * up16(rows * d), rows * d)
     pos += 2 * up16(rows * d)
     out3 = out.reshape((nseq, T, d))
     npo = panels(d, NR)
@@ -289,23 +294,44 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     """The block on H3 (B, T, d) C-contiguous: (H_out, -1) with H_out a new (B, T, d)
     array, or (an empty array, 0) when H3 holds a NaN or an Inf; Wf: the flat weights
     (weight_layout).  act: an activations.*_CODE.  nthr: the number of threads the tasks
-    are sized for (numba.get_num_threads(); 1 for block_serial) - an argument because
-    calling get_num_threads in here makes the function uncacheable.  With a KV cache:
-    _cached; this entry has none of its arguments, a visible part of the toy block's
-    call (Numba unboxes every argument)."""
+    are sized for (numba.get_num_threads()) - an argument because calling
+    get_num_threads in here makes the function uncacheable.  The output is allocated
+    after the attention's packed K and V are freed (at d_model=768, T=4096 that keeps
+    12 MiB off the peak).  With a KV cache: _cached; into a given array: _block_into."""
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
-    # crossing into compiled code, a visible part of the toy block's call; the caller
-    # reports where the NaN or the Inf is.
+    # crossing into compiled code; the caller reports where the NaN or the Inf is.
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
-    none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer
+    none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, 3), dtype=np.intp)
-    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0), -1
+    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0,
+                     none), -1
+
+
+def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
+    """_block writing H_out into out3 (B, T, d) C-contiguous, the caller's: -1, or 0 when
+    H3 holds a NaN or an Inf (out3 untouched).  For small blocks (the lesson's toy): a
+    new array made by Numba costs more to hand back to Python than one numpy makes, and
+    this entry has no other arguments than _block's (Numba unboxes every one)."""
+    H = H3.reshape(H3.size)
+    if not all_finite(H):
+        return 0
+    none = np.empty(0, dtype=H3.dtype)
+    plan = np.empty((PLAN_ROWS, 3), dtype=np.intp)
+    # borrowed views: the body then counts no references to them (options.borrowed)
+    nb = borrowed(none)
+    one_block(borrowed(H), borrowed(Wf), T, d, n_heads, dff, causal, pre_ln, act, eps, nb, nb, -1, 0, nthr,
+              borrowed(plan), nb, 0, borrowed(out3).reshape(out3.size))
+    keep_alive(H, Wf, none, plan, out3)
+    return -1
 
 
 BODY = {"one_block": (one_block_serial, one_block_parallel)}     # the build each copy calls
-block_serial, block_parallel = serial_and_parallel(_block, "block", calls=BODY, loops=False)
+# the parallel block hands back an output it allocates late; the serial one, for small
+# blocks (and forked children), writes into its caller's
+_, block_parallel = serial_and_parallel(_block, "block", calls=BODY, loops=False)
+block_serial, _ = serial_and_parallel(_block_into, "block_into", calls=BODY, loops=False)
 
 
 def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan, work, nthr):
@@ -344,7 +370,7 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
         if not all_finite(H):              # as in _block
             break
         out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, plan, work,
-                         blk % 2)
+                         blk % 2, work[:0])
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input

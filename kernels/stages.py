@@ -15,7 +15,7 @@ from .gemm import KC, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
                      weight_layout)
-from .options import kernel
+from .options import borrowed, keep_alive, kernel
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 
 # tile sizes (rows are tokens of all sequences together, except in attention); the
@@ -66,7 +66,8 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
     # fall in the same L1 sets, where the micro-kernel's six A rows evict each other
     ldh = ch + 64 // X.itemsize
-    hid = np.empty(m * ldh, dtype=X.dtype)
+    own = np.empty(m * ldh, dtype=X.dtype)
+    hid = borrowed(own)         # scratch through a view that counts no references
     for r in range(m):
         if residual:
             copy_add(out, out_off + r * d, out, out_off + r * d, d, Wf, o_b2, True)
@@ -81,6 +82,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
         gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, panels(d, NR),
                     out, out_off, d, True, KC, -1)
+    keep_alive(own)
 
 
 @kernel(readonly=("X", "P"), standalone=True, internal=True)
@@ -150,13 +152,15 @@ def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
     # the FFN reads LN2(H_mid) (Pre-LN) or H_mid = LN1(H + A_out) (Post-LN), from xn: ffn_tile
     # writes out while it still reads its input
     o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
-    xn = np.empty(m * d, dtype=out.dtype)
+    own = np.empty(m * d, dtype=out.dtype)
+    xn = borrowed(own)
     layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g, o_be, eps)
     if not pre_ln:
         copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)      # H_mid is also the residual
     ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
     if not pre_ln:
         layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
+    keep_alive(own)
 
 
 @kernel(internal=True)
@@ -243,8 +247,13 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
     bsz = bias_len(d, NR)                       # and so do their biases
     m = r1 - r0
     dk = d // n_heads
+    # scratch (LN1's rows; S, for the K or the V panels, the wider) through views that
+    # count no references (options.borrowed); none unused (a decode step allocates nothing)
+    own_a = np.empty(m * d, dtype=H.dtype) if pre_ln else q[:0]
+    ns = max(min(p1, 2 * npd) - max(p0, npd), min(p1, 3 * npd) - max(p0, 2 * npd), 0) if packed else 0
+    own_s = np.empty(m * ns * NR, dtype=H.dtype) if ns > 0 else q[:0]
     if pre_ln:
-        A = np.empty(m * d, dtype=H.dtype)
+        A = borrowed(own_a)
         layernorm_rows(H, r0 * d, d, A, 0, d, m, d, Wf, o_g1, o_be1, eps)
         a_off = 0
     else:
@@ -260,13 +269,14 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
                        q, r0 * ldq + (0 if packed else j * d), ldq, False, KC, o_bqkv + j * bsz)
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        S = np.empty(m * lds, dtype=H.dtype)
+        S = borrowed(own_s)
         gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC,
                    o_bqkv + j * bsz)
         if j == 1:
             store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
         else:
             store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
+    keep_alive(own_a, own_s)
 
 
 @kernel(standalone=True, internal=True)

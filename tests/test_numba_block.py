@@ -254,7 +254,8 @@ def test_block_the_same_for_any_thread_count(case, T, nthr, dtype):
     cfg, _, B, _, seed = case
     H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
     _, flat, scalars, *_ = nb._plan(random_weights(cfg, seed), cfg, H.dtype)
-    want, bad = block_serial(H, flat, T, cfg.d_model, *scalars, 1)
+    want = np.empty_like(H)
+    bad = block_serial(H, flat, want, T, cfg.d_model, *scalars, 1)
     got, bad_too = block_parallel(H, flat, T, cfg.d_model, *scalars, nthr)
     assert bad == bad_too == -1 and got.shape == H.shape
     assert rel_err(got, want) <= (F64_TOL if dtype == np.float64 else F32_TOL)

@@ -153,7 +153,8 @@ def forward_batch(H, weights, cfg, trace):
     # _block_flops, inlined with its per-config parts precomputed: a call would show at small sizes
     if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        out, bad = block_serial(H, flat, T, d, *scalars, 1)
+        out = np.empty(H.shape, H.dtype)        # (on one thread, at the whole call's peak)
+        bad = block_serial(H, flat, out, T, d, *scalars, 1)
     else:
         out, bad = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
     return (out, None) if bad < 0 else (None, None)
@@ -317,7 +318,7 @@ def warmup() -> None:
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
         args = (H, _packed(w, dtype), 4, 8) + _plan(w, cfg, dtype)[2]
-        block_serial(*args, 1)
+        block_serial(H, args[1], np.empty(H.shape, dtype), *args[2:], 1)
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         cache = KVCache(cfg, 5, dtype=dtype)
