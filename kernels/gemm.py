@@ -28,6 +28,9 @@ from .simd import (lanes, panel_lanes, pbcast, pload, pload_n, prefetch_l2, pspl
 
 NV = PATH.nv    # vectors per row of the micro-tile: NR = NV * lanes columns
 KC = PATH.kc    # k block: a KC x NR slice of a B panel stays in L1 while row tiles pass
+KC_ONE = 256    # k block with one row tile (a GEMV: a decode step, the vocabulary head), a
+                # multiple of KC on every path: no row tile comes back for the slice, and each
+                # k block's store and reload of C cost ~4% of the weights' stream
 
 
 def panel_width(dtype) -> int:
@@ -145,6 +148,8 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
     each micro-kernel call: the first row tile of a slice then finds it in L2 instead of
     waiting on L3."""
     NR = panel_lanes(Bp)
+    if i1 - i0 <= MR:
+        KC = KC_ONE
     if p1 - p0 == 1 and K <= KC and i1 - i0 <= MR:
         # one micro-tile (the lesson's toy block is made of these): straight to the
         # micro-kernel, as the loops below would, without their set-up and divisions

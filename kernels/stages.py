@@ -11,7 +11,7 @@ import numpy as np
 
 from .activations import bias_act_rows
 from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import KC, gemm_block, gemm_panels
+from .gemm import KC, KC_ONE, gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
                      weight_layout)
@@ -28,9 +28,9 @@ BK = 256      # keys per attention tile, a multiple of NR on every path and dtyp
               # amortise the per-row softmax bookkeeping)
 MF = 192      # rows per FFN task at most: every task streams all of W_1 and W_2 (19 MiB
               # at d_model=768, from L3), so more rows per task mean fewer passes over them
-FF_CHUNK = 256  # hidden columns per FFN step, a multiple of KC and NR on every path: the
-              # 192 x 256 chunk (192 KiB) stays in L2, where a whole (192, d_ff) hidden
-              # tile spilled to L3
+FF_CHUNK = KC_ONE  # hidden columns per FFN step, a multiple of KC and NR on every path:
+              # the 192 x 256 chunk (192 KiB) stays in L2, where a whole (192, d_ff) hidden
+              # tile spilled to L3; with one row tile, the same k blocks as ffn_down_task's
 # attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
 # this: below it, packing and tiles cost more than the whole untiled loop
 DIRECT_MAX = 8192
