@@ -56,11 +56,12 @@ def test_masked_softmax_kinds(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("M, K, N", [(1, 1, 1), (4, 8, 8), (6, 128, 64), (5, 129, 65), (13, 300, 130),
-                                     (7, 16, 200), (20, 257, 33)])
+                                     (7, 16, 200), (20, 257, 33), (1, 600, 70), (6, 513, 129)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemm_block_matches_numpy(M, K, N, dtype, with_bias):
     """C (+)= [bias +] A @ B over row and panel sub-ranges, on the one-micro-tile shortcut
-    (M <= 6, one panel, K <= KC) and on the tiled loops (k blocks, partial panels and row
+    (M <= 6, one panel, K <= KC_ONE) and on the tiled loops (k blocks of KC, or of KC_ONE
+    with one row tile: a GEMV of 600 or 513 columns runs three; partial panels and row
     tiles); A and C with row strides wider than their rows; nothing outside the range
     written; the bias (after the packed matrix, zero-padded to whole panels) added once."""
     rng = np.random.default_rng(M * 1000 + K + N)
