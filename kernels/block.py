@@ -30,7 +30,9 @@ three modules for every prange loop, so one loop for all stages keeps a first ca
 compile short.  Each thread claims the stage's tasks one at a time from a shared counter
 (options.claim): tasks are coarse and causal attention tasks differ in cost, and Numba's
 OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
-one by one (each head's costly query tiles first) they balance the cores.
+one by one (each head's costly query tiles first) they balance the cores.  With one row
+tile (a decode step, where every stage streams weights) the tasks are two halves with a
+counter each, so each thread streams a run of neighbouring panels (next_task).
 ``block_serial`` is the same code compiled without prange, for sizes where launching a
 parallel region costs more than the work (the lesson's toy block); it writes into an
 output its caller made (handing a Numba array back to Python costs more).  A stack of blocks
@@ -52,6 +54,7 @@ from numba import prange
 
 from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16,
                      weight_layout)
+from .isa import MR
 from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
@@ -84,7 +87,8 @@ def attention_core(qkv, T, d, n_heads, causal):
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
 LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
 OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
-PLAN_ROWS = 5       # stages of a half at most: the stage plan is (PLAN_ROWS, 3) intp
+PLAN_ROWS = 5       # stages of a half at most: the stage plan is (PLAN_ROWS, PLAN_COLS) intp:
+PLAN_COLS = 4       # stage, number of tasks, the next task of each half (next_task)
 
 
 @kernel(internal=True)
@@ -93,6 +97,26 @@ def plan_stage(plan, n, stage, ntasks):
     plan[n, 0] = stage
     plan[n, 1] = ntasks
     return n + 1
+
+
+@kernel(internal=True)
+def next_task(plan, s, w, halves, nthr):
+    """The next task of stage s for worker w (plan[s, 1] when none is left).  halves=1:
+    from one counter, as the workers ask.  halves=2: the tasks are two contiguous halves
+    with a counter each (columns 2 and 3); worker w takes from half w % 2, then from the
+    other.  For a GEMV (a decode step) a task is a panel of one weight matrix: two
+    threads taking neighbouring panels in turn streamed ~2% slower than each streaming a
+    run of its own (docs/perf-log.md)."""
+    n = plan[s, 1]
+    if halves == 1:
+        return claim(plan, s, 2, nthr)
+    size = (n + 1) // 2
+    for j in range(2):
+        g = (w + j) % 2
+        t = g * size + claim(plan, s, 2 + g, nthr)
+        if t < min(n, (g + 1) * size):
+            return t
+    return n
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
@@ -170,9 +194,10 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     """One block of _block and _cached (which set out the arguments) on the flat rows H:
     its output (B, T, d): dest when it is not empty (rows * d elements); else with a work
     buffer (work_len elements, few keys; empty: none) output buffer ``slot`` (0 or 1) of
-    it, every scratch buffer taken from it too; else a new array.  plan: (PLAN_ROWS, 3) intp, room for a half's stages (stage, number of tasks, next
-    task), in order.  Both callers call the one build (one_block_serial, one_block_parallel): the body
-    with its two parallel loops is compiled once."""
+    it, every scratch buffer taken from it too; else a new array.  plan: (PLAN_ROWS,
+    PLAN_COLS) intp, room for a half's stages, in order.  Both callers call the one build
+    (one_block_serial, one_block_parallel): the body with its two parallel loops is
+    compiled once."""
     NR = panel_lanes(Wf)
     rows = H.size // d
     nseq = rows // T
@@ -232,15 +257,18 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb, wb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q),
                                                      borrowed(kt), borrowed(vp), borrowed(srow), borrowed(Kc),
                                                      borrowed(Vc), borrowed(work))
+    # one row tile (a decode step): every stage streams weights, each thread a run of
+    # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
+    halves = 2 if rows <= MR and nthr > 1 else 1
     for s in range(n):
-        plan[s, 2] = 0
-        for _ in prange(min(nthr, plan[s, 1])):
-            t = claim(plan, s, nthr)
+        plan[s, 2] = plan[s, 3] = 0
+        for w in prange(min(nthr, plan[s, 1])):
+            t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
                 attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
                                       ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T,
                                       wb, a_pos)
-                t = claim(plan, s, nthr)
+                t = next_task(plan, s, w, halves, nthr)
     keep_alive(X, kt, vp, srow)
 
     # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
@@ -275,13 +303,13 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
     outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
     for s in range(n):
-        plan[s, 2] = 0
-        for _ in prange(min(nthr, plan[s, 1])):
-            t = claim(plan, s, nthr)
+        plan[s, 2] = plan[s, 3] = 0
+        for w in prange(min(nthr, plan[s, 1])):
+            t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
                 output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
                                    mf, outb, xnb, hidb, ldh)
-                t = claim(plan, s, nthr)
+                t = next_task(plan, s, w, halves, nthr)
     keep_alive(q, out, xn, hid, plan, work)
     return out3
 
@@ -304,7 +332,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     if not all_finite(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
-    plan = np.empty((PLAN_ROWS, 3), dtype=np.intp)
+    plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0,
                      none), -1
 
@@ -318,7 +346,7 @@ def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr
     if not all_finite(H):
         return 0
     none = np.empty(0, dtype=H3.dtype)
-    plan = np.empty((PLAN_ROWS, 3), dtype=np.intp)
+    plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     # borrowed views: the body then counts no references to them (options.borrowed)
     nb = borrowed(none)
     one_block(borrowed(H), borrowed(Wf), T, d, n_heads, dff, causal, pre_ln, act, eps, nb, nb, -1, 0, nthr,
@@ -349,7 +377,7 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
     Wf, Kc, Vc.
 
-    plan: (PLAN_ROWS, 3) intp, room for the stage plan (one_block).  work: a buffer for
+    plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan (one_block).  work: a buffer for
     all other scratch (work_len; a KVCache's), used when it is large enough for this call
     (a decode step): the call then allocates nothing, and H_out is one of its two output
     buffers.  Empty: every buffer new."""

@@ -231,23 +231,24 @@ def borrowed_at(typingctx, like, address, n):
 
 
 @intrinsic
-def claim(typingctx, plan, s, nthr):
-    """The next task of stage s: plan[s, 2], then incremented (plan an intp array (stages,
-    3)), atomically when nthr > 1.  Numba's OpenMP layer splits a prange statically, half
-    the iterations to each of two threads whatever they cost; threads that claim tasks one
-    at a time from a shared counter balance themselves.  One thread just counts (an atomic
-    costs ~20 cycles, and the toy block runs a dozen tasks)."""
+def claim(typingctx, plan, s, col, nthr):
+    """The next task from the counter plan[s, col]: its value, then incremented (plan an
+    intp array (stages, columns)), atomically when nthr > 1.  Numba's OpenMP layer splits a
+    prange statically, half the iterations to each of two threads whatever they cost;
+    threads that claim tasks one at a time from a shared counter balance themselves.  One
+    thread just counts (an atomic costs ~20 cycles, and the toy block runs a dozen tasks)."""
     if not (isinstance(plan, types.Array) and plan.dtype == types.intp and plan.ndim == 2 and plan.mutable
-            and isinstance(s, types.Integer) and isinstance(nthr, types.Integer)):
-        raise TypingError(f"claim: a writable 2-D intp array and two integers, not {plan}, {s}, {nthr}")
+            and isinstance(s, types.Integer) and isinstance(col, types.Integer)
+            and isinstance(nthr, types.Integer)):
+        raise TypingError(f"claim: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
 
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
         row = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary,
-                                       [row, context.get_constant(types.intp, 2)])
+        column = context.cast(builder, args[2], sig.args[2], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [row, column])
         one = context.get_constant(types.intp, 1)
-        many = builder.icmp_signed(">", context.cast(builder, args[2], sig.args[2], types.intp), one)
+        many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
         with builder.if_else(many) as (atomic, plain):
             with atomic:
                 shared = builder.atomic_rmw("add", ptr, one, "monotonic")
@@ -260,4 +261,4 @@ def claim(typingctx, plan, s, nthr):
         t.add_incoming(shared, atomic_block)
         t.add_incoming(alone, plain_block)
         return t
-    return types.intp(plan, s, nthr), codegen
+    return types.intp(plan, s, col, nthr), codegen

@@ -233,15 +233,55 @@ def test_claimed_tasks_are_each_run_exactly_once():
         plan = np.zeros((2, 3), dtype=np.intp)
         ran = np.zeros(n, dtype=np.intp)
         for _ in prange(workers):
-            t = claim(plan, 1, nthr)
+            t = claim(plan, 1, 2, nthr)
             while t < n:
                 ran[t] += 1
-                t = claim(plan, 1, nthr)
+                t = claim(plan, 1, 2, nthr)
         return ran, plan[1, 2], plan[0, 2]
 
     for n, workers, nthr in ((1, 1, 1), (1000, 2, 2), (5000, 7, 2), (300, 1, 1)):
         ran, last, other = run(n, workers, nthr)
         assert (ran == 1).all() and last == n + workers and other == 0
+
+
+def test_next_task_hands_out_each_task_once_by_halves():
+    """kernels.block.next_task: with two halves, each task 0..n-1 once (odd n, n of 1, more
+    workers than tasks or than threads), and a worker alone takes its own half in order
+    before the other's: worker 1 of 10 tasks, alone, runs 5..9 then 0..4."""
+    from numba import prange
+
+    from tblock.kernels.block import PLAN_COLS, next_task
+    from tblock.kernels.options import kernel
+
+    @kernel(parallel=True)
+    def run(n, workers, halves, nthr):
+        plan = np.zeros((3, PLAN_COLS), dtype=np.intp)
+        plan[1, 1] = n
+        ran = np.zeros(n, dtype=np.intp)
+        for w in prange(workers):
+            t = next_task(plan, 1, w, halves, nthr)
+            while t < n:
+                ran[t] += 1
+                t = next_task(plan, 1, w, halves, nthr)
+        return ran
+
+    for n, workers, halves, nthr in ((1, 1, 2, 2), (1, 2, 2, 2), (7, 2, 2, 2), (1000, 2, 2, 2), (999, 5, 2, 2),
+                                     (300, 1, 1, 1), (300, 2, 1, 2)):
+        assert (run(n, workers, halves, nthr) == 1).all(), (n, workers, halves)
+
+    @kernel
+    def order(n, w):
+        plan = np.zeros((1, PLAN_COLS), dtype=np.intp)
+        plan[0, 1] = n
+        seen = []
+        t = next_task(plan, 0, w, 2, 1)
+        while t < n:
+            seen.append(t)
+            t = next_task(plan, 0, w, 2, 1)
+        return seen
+
+    assert list(order(10, 1)) == [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
+    assert list(order(9, 0)) == list(range(9))
 
 
 _BOUNDS_CHECKED = r"""

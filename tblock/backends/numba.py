@@ -30,7 +30,7 @@ from .. import _runtime
 from ..config import BlockConfig
 from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
-from ..kernels.block import (PLAN_ROWS, attention_core, block_parallel, block_serial, cached_parallel,
+from ..kernels.block import (PLAN_COLS, PLAN_ROWS, attention_core, block_parallel, block_serial, cached_parallel,
                              cached_serial)
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
@@ -187,7 +187,7 @@ def _cache_args(cache, layers):
     """The cached block's arguments after the config's: K, V, past, max_T, the table of
     blocks, room for the stage plan, the work buffer."""
     return (cache.K.reshape(-1), cache.V.reshape(-1), cache.length, cache.max_T, layers,
-            np.empty((PLAN_ROWS, 3), np.intp), cache.work)
+            np.empty((PLAN_ROWS, PLAN_COLS), np.intp), cache.work)
 
 
 def _run_cached(H, weights, cfg, cache, layers, fresh):
