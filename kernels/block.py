@@ -339,18 +339,18 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
 
 def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     """_block writing H_out into out3 (B, T, d) C-contiguous, the caller's: -1, or 0 when
-    H3 holds a NaN or an Inf (out3 untouched).  For small blocks (the lesson's toy): a
-    new array made by Numba costs more to hand back to Python than one numpy makes, and
-    this entry has no other arguments than _block's (Numba unboxes every one)."""
+    H3 holds a NaN or an Inf (out3 untouched).  For small blocks (the lesson's toy):
+    handing an array Numba made back to Python costs ~0.4 us, numpy's in the caller ~0.15
+    (docs/perf-log.md)."""
     H = H3.reshape(H3.size)
     if not all_finite(H):
         return 0
     none = np.empty(0, dtype=H3.dtype)
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     # borrowed views: the body then counts no references to them (options.borrowed)
-    nb = borrowed(none)
-    one_block(borrowed(H), borrowed(Wf), T, d, n_heads, dff, causal, pre_ln, act, eps, nb, nb, -1, 0, nthr,
-              borrowed(plan), nb, 0, borrowed(out3).reshape(out3.size))
+    nothing = borrowed(none)
+    one_block(borrowed(H), borrowed(Wf), T, d, n_heads, dff, causal, pre_ln, act, eps, nothing, nothing, -1, 0,
+              nthr, borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size))
     keep_alive(H, Wf, none, plan, out3)
     return -1
 

@@ -149,7 +149,7 @@ def gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, ldp, K, N, p0, p1, C, c_off, l
     waiting on L3."""
     NR = panel_lanes(Bp)
     if i1 - i0 <= MR:
-        KC = KC_ONE
+        KC = KC_ONE                     # one row tile: no slice of B is used twice
     if p1 - p0 == 1 and K <= KC and i1 - i0 <= MR:
         # one micro-tile (the lesson's toy block is made of these): straight to the
         # micro-kernel, as the loops below would, without their set-up and divisions

@@ -153,7 +153,8 @@ def forward_batch(H, weights, cfg, trace):
     # _block_flops, inlined with its per-config parts precomputed: a call would show at small sizes
     if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
-        out = np.empty(H.shape, H.dtype)        # (on one thread, at the whole call's peak)
+        # numpy's output array (a large block on one thread then holds it through the call)
+        out = np.empty(H.shape, H.dtype)
         bad = block_serial(H, flat, out, T, d, *scalars, 1)
     else:
         out, bad = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
