@@ -252,6 +252,7 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
     own_a = np.empty(m * d, dtype=H.dtype) if pre_ln else q[:0]
     ns = max(min(p1, 2 * npd) - max(p0, npd), min(p1, 3 * npd) - max(p0, 2 * npd), 0) if packed else 0
     own_s = np.empty(m * ns * NR, dtype=H.dtype) if ns > 0 else q[:0]
+    S = borrowed(own_s)
     if pre_ln:
         A = borrowed(own_a)
         layernorm_rows(H, r0 * d, d, A, 0, d, m, d, Wf, o_g1, o_be1, eps)
@@ -269,7 +270,6 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
                        q, r0 * ldq + (0 if packed else j * d), ldq, False, KC, o_bqkv + j * bsz)
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        S = borrowed(own_s)
         gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC,
                    o_bqkv + j * bsz)
         if j == 1:

@@ -182,11 +182,7 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
         raise AssertionError("the backend found a NaN or an Inf that check_finite does not")
     if cache is not None:
         cache.length += H3.shape[1]
-    # _as_input, written out: a call is a visible part of the toy block's forward
-    if H_out.dtype is not H.dtype and H_out.dtype != H.dtype:
-        H_out = H_out.astype(H.dtype)
-    if flat:
-        H_out = H_out[0]
+    H_out = _as_input(H_out, H)
     if not trace:
         return H_out
     if flat:
