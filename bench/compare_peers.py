@@ -82,9 +82,13 @@ def build_all(names, w, cfg, H, threads):
             t = time.perf_counter()
             if name == "tblock":
                 fn = lambda H=H: tblock.forward(H, w, cfg, backend="numba")
+                path = perf.vector_path()
+                rec["isa"] = path["name"]
+                rec["isa_evidence"] = "TBLOCK_ISA" if path["forced"] else "detected"
             else:
                 peer = peers.build(name, w, cfg, threads=threads, shape=H.shape)
                 fn = lambda H=H, peer=peer: peer(H)
+                rec["isa"], rec["isa_evidence"] = peer.isa
             rec["build_s"] = time.perf_counter() - t
             t = time.perf_counter()
             y = fn()                            # compiles where the peer compiles lazily
@@ -116,6 +120,12 @@ def bench_point(d, h, T, B, names, quick, threads):
     if tb and timed:
         fastest = min(timed, key=timed.get)
         row.update(fastest_peer=fastest, ratio=tb / timed[fastest])
+        # with a forced narrower path, also against the peers whose kernels kept to it
+        path = impls["tblock"]["isa"]
+        on_path = {n: t for n, t in timed.items() if peers.widest(impls[n]["isa"], path) == path}
+        if on_path and len(on_path) < len(timed):
+            fastest = min(on_path, key=on_path.get)
+            row.update(fastest_peer_on_path=fastest, ratio_on_path=tb / on_path[fastest])
     if tb:
         row["tblock_gflops"] = row["causal_flops"] / tb / 1e9
         row["tblock_best_gflops"] = row["causal_flops"] / impls["tblock"]["best_s"] / 1e9
@@ -240,11 +250,62 @@ def table(header, rows):
 
 
 def main_table(points, names):
-    header = ["d_model", "T", "B", "tblock"] + [peers.LABELS[n] for n in names] + ["tblock / fastest peer"]
+    """Median times; a peer whose kernels use wider vectors than tblock's path is marked *,
+    and a column compares tblock with the fastest peer held to its path, when one was."""
+    path = points[0]["impls"]["tblock"].get("isa") if points else None
+    on_path = any("ratio_on_path" in r for r in points)
+    header = (["d_model", "T", "B", "tblock"] + [peers.LABELS[n] for n in names] + ["tblock / fastest peer"]
+              + ([f"tblock / fastest on {path}"] if on_path else []))
     rows = []
     for r in points:
         ratio = f"{r['ratio']:.2f} ({peers.LABELS[r['fastest_peer']]})" if "ratio" in r else "-"
-        rows.append([r["d"], r["T"], r["B"]] + [_cell(r["impls"].get(n)) for n in ["tblock"] + names] + [ratio])
+        cells = []
+        for n in ["tblock"] + names:
+            x = r["impls"].get(n)
+            wider = x is not None and n != "tblock" and peers.widest(x.get("isa", path), path) != path
+            cells.append(_cell(x) + ("*" if wider else ""))
+        extra = []
+        if on_path:
+            extra = [f"{r['ratio_on_path']:.2f} ({peers.LABELS[r['fastest_peer_on_path']]})"
+                     if "ratio_on_path" in r else "-"]
+        rows.append([r["d"], r["T"], r["B"]] + cells + [ratio] + extra)
+    out = table(header, rows)
+    if any(c.endswith("*") for row in rows for c in map(str, row)):
+        out += f"\n* kernels wider than tblock's {path} path (see the ISA lines below)"
+    return out
+
+
+def isa_lines(points, names):
+    """Each implementation's vector ISA as its library reports it (distinct reports only)."""
+    lines = []
+    for n in ["tblock"] + names:
+        seen = {}
+        for r in points:
+            x = r["impls"].get(n, {})
+            if "isa" in x:
+                seen.setdefault((x["isa"], x["isa_evidence"]), []).append(f"{r['d']}/{r['T']}")
+        for (isa, why), where in seen.items():
+            at = "" if len(seen) == 1 else f" (at {', '.join(where)})"
+            lines.append(f"  {peers.LABELS.get(n, n)}: {isa}{at}: {why}")
+    return "\n".join(lines)
+
+
+def rate_table(points, names, fma):
+    """Causal GFLOP/s of every median call, and its share of the FMA peak measured in the
+    run on tblock's path: a share above 100% is a peer running wider vectors than the path."""
+    header = ["d_model", "T", "B"] + [peers.LABELS.get(n, n) for n in ["tblock"] + names]
+    rows = []
+    for r in points:
+        cells = []
+        for n in ["tblock"] + names:
+            x = r["impls"].get(n, {})
+            if "median_s" not in x:
+                cells.append("-")
+                continue
+            gf = r["causal_flops"] / x["median_s"] / 1e9
+            x["gflops"] = gf
+            cells.append(f"{gf:.1f} ({100 * gf / fma:.0f}%)")
+        rows.append([r["d"], r["T"], r["B"]] + cells)
     return table(header, rows)
 
 
@@ -341,6 +402,8 @@ def main(argv=None):
             f"{n} {_cell(x)}" for n, x in r["impls"].items()), flush=True)
     print()
     print(main_table(results["points"], names))
+    print("\nvector ISA of each implementation's kernels:")
+    print(isa_lines(results["points"], names))
     print("\nmax relative error against the numpy oracle / setup (build + first call, not timed):")
     print(detail_table(results["points"], names))
     for r in results["points"]:
@@ -362,6 +425,8 @@ def main(argv=None):
           f"path {p['name']}): {fma:.1f} GFLOP/s"
           + (f"; nominal at the cpuinfo clock ({mhz:.0f} MHz x threads x 2 FMA ports x {lanes} lanes x 2): "
              f"{nominal:.1f}" if nominal else ""))
+    print(f"\ncausal GFLOP/s of the median call (share of the measured FMA peak on the {p['name']} path):")
+    print(rate_table(results["points"], names, fma))
     big = [r for r in results["points"] if (r["d"], r["heads"], r["T"], r["B"]) == BIG and "tblock_gflops" in r]
     if big:
         r = big[0]

@@ -17,10 +17,12 @@ imported inside the function that needs it, so ``import tblock`` never loads the
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import shutil
 import warnings
 
@@ -125,6 +127,81 @@ def _batched(run):
 
 
 # ---------------------------------------------------------------------------------------
+# which vector instructions a peer's kernels run, in the names of tblock's paths
+#
+# A forced narrower path (TBLOCK_ISA=avx2 on an AVX-512 machine) is only compared fairly
+# with peers held to the same instructions; the variables that hold them
+# (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS) do not reach every
+# kernel: ONNX Runtime's MLAS, and OpenVINO's when it calls MLAS, choose by CPUID alone.
+
+def host_isa() -> str:
+    """The widest of tblock's paths this machine runs (what CPUID-dispatched kernels use)."""
+    from .kernels import isa
+    return isa.PATH.runnable[0]
+
+
+def widest(*names: str) -> str:
+    """The widest of the paths ``names`` (tblock.kernels.isa.NAMES, widest first)."""
+    from .kernels.isa import NAMES
+    return min(names, key=NAMES.index)
+
+
+def isa_of_token(text: str, host: str) -> str | None:
+    """The path a kernel name or a library's ISA setting stands for: "avx512" for AVX-512
+    and AMX ("brgemm_avx512_core", "AVX512_CORE_AMX", "jit_avx512_f32"), "avx2" for AVX and
+    AVX2 ("jit_avx2_f32", "AVX2", "AVX2_VNNI"), "generic" for SSE, the host's for MLAS
+    (which dispatches on CPUID); None when the text names no ISA ("ALL", "gemm_ref_f32")."""
+    t = text.lower()
+    if "avx512" in t or "amx" in t or "avx10" in t:
+        return "avx512"
+    if "avx" in t:                          # avx, avx2, avx2_vnni, avx_vnni
+        return "avx2"
+    if "sse" in t:
+        return "generic"
+    if "mlas" in t:
+        return host
+    return None
+
+
+def _env_cap(variable: str, host: str) -> str:
+    """The cap a library's ISA variable sets (the host's when it is unset or names none)."""
+    return isa_of_token(os.environ.get(variable, ""), host) or host
+
+
+def _torch_isa() -> tuple[str, str]:
+    """ATen's vector code follows ATEN_CPU_CAPABILITY (torch reports it), its GEMMs the
+    BLAS's own caps: MKL_ENABLE_INSTRUCTIONS and oneDNN's ONEDNN_MAX_CPU_ISA."""
+    import torch
+    host = host_isa()
+    aten = torch.backends.cpu.get_cpu_capability()
+    caps = {"ATen": isa_of_token(aten, host) or "generic"}
+    for lib, var in (("MKL", "MKL_ENABLE_INSTRUCTIONS"), ("oneDNN", "ONEDNN_MAX_CPU_ISA")):
+        caps[lib] = _env_cap(var, host)
+    evidence = f"ATen {aten}; " + ", ".join(f"{var}={os.environ.get(var, 'unset')}"
+                                            for var in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"))
+    return widest(*caps.values()), evidence
+
+
+def _openvino_isa(compiled) -> tuple[str, str]:
+    """The widest ISA among the kernels OpenVINO's CPU plugin chose (their primitive types,
+    e.g. brgemm_avx2_f32, gemm_mlas_f32, jit_avx512_f32)."""
+    host = host_isa()
+    kinds = collections.Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        kinds[op.get_rt_info()["primitiveType"].astype(str)] += 1
+    found = [isa for isa in (isa_of_token(k, host) for k in kinds) if isa]
+    evidence = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items())
+                         if isa_of_token(k, host))
+    return (widest(*found) if found else "generic"), evidence
+
+
+def _mark_isa(fn, isa: tuple[str, str]):
+    """fn with .isa = (path name, evidence): what bench/compare_peers.py reports."""
+    fn.isa = isa
+    return fn
+
+
+# ---------------------------------------------------------------------------------------
 # torch: nanoGPT's model.py modules, the "torch" backend's (tblock.backends.torch)
 
 def _torch_threads(threads):
@@ -145,7 +222,7 @@ def _torch_call(module):
 def torch_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
     """PyTorch eager: nanoGPT's Block under inference_mode."""
     _torch_threads(threads)
-    return _torch_call(torch_module(w, cfg))
+    return _mark_isa(_torch_call(torch_module(w, cfg)), _torch_isa())
 
 
 def torch_compiled(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None,
@@ -162,7 +239,8 @@ def torch_compiled(w: BlockWeights, cfg: BlockConfig, threads: int | None = None
     _torch_threads(threads)
     if reset:
         torch._dynamo.reset()
-    return _torch_call(torch.compile(torch_module(w, cfg), dynamic=False if shape is not None else None))
+    fn = _torch_call(torch.compile(torch_module(w, cfg), dynamic=False if shape is not None else None))
+    return _mark_isa(fn, _torch_isa())      # inductor's C++ vectorises to ATen's capability
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,7 +322,7 @@ def onnxruntime_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = N
 
     def run(H):                              # (B, T, d) -> (B, T, d)
         return sess.run(None, {"x": H})[0]
-    return _batched(run)
+    return _mark_isa(_batched(run), (host_isa(), "MLAS dispatches on CPUID (no variable caps it)"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -265,11 +343,12 @@ def openvino_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None
     config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = threads
-    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    request = compiled.create_infer_request()
 
     def run(H):                              # (B, T, d) -> (B, T, d), the output copied out
         return request.infer({0: H}, share_inputs=True)[0]
-    return _batched(run)
+    return _mark_isa(_batched(run), _openvino_isa(compiled))
 
 
 BUILDERS = {"torch": torch_block, "compile": torch_compiled, "ort": onnxruntime_block,

@@ -5,6 +5,7 @@ The peer libraries are optional (the `peers` extra, not installed in CI): each t
 needs one skips, naming it, when it is missing."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 import tblock
 from tblock import cli, peers
+from tblock.kernels import isa as kernels_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +68,50 @@ def test_onnx_graph_uses_the_fused_attention_op():
     att = ops[("com.microsoft", "Attention")]
     assert {a.name: a.i for a in att.attribute} == {"num_heads": 2, "unidirectional": 1}
     assert ("com.microsoft", "FastGelu") in ops and ("", "LayerNormalization") in ops
+
+
+@pytest.mark.parametrize("text, host, isa", [
+    ("brgemm_avx512_f32", "avx512", "avx512"), ("brgconv_avx512_1x1_f32", "avx2", "avx512"),
+    ("AVX512_CORE_AMX", "avx512", "avx512"), ("jit_avx2_f32", "avx512", "avx2"), ("AVX2", "avx512", "avx2"),
+    ("avx2_vnni", "avx512", "avx2"), ("jit_sse41_f32", "avx512", "generic"),
+    ("gemm_mlas_f32", "avx512", "avx512"), ("gemm_mlas_f32", "avx2", "avx2"),      # MLAS: CPUID, the host's
+    ("ref_f32", "avx512", None), ("unknown_f32", "avx512", None), ("ALL", "avx2", None), ("", "avx2", None)])
+def test_isa_of_a_kernel_name_or_a_setting(text, host, isa):
+    assert peers.isa_of_token(text, host) == isa
+
+
+def test_widest_isa():
+    assert peers.widest("generic", "avx512", "avx2") == "avx512"
+    assert peers.widest("avx2", "generic") == "avx2" and peers.widest("generic") == "generic"
+    assert peers.host_isa() == kernels_isa.PATH.runnable[0]
+
+
+@pytest.mark.parametrize("name", peers.PEERS)
+def test_peer_reports_the_isa_of_its_kernels(name):
+    need(name)
+    cfg = tblock.BlockConfig(d_model=16, n_heads=2)
+    fn = peers.build(name, tblock.init_weights(cfg, seed=0, dtype=np.float32), cfg, threads=1, shape=(1, 8, 16))
+    isa, evidence = fn.isa
+    assert isa in kernels_isa.NAMES and evidence
+    if name == "ort":
+        assert isa == peers.host_isa()          # no variable caps MLAS
+
+
+def test_torch_isa_follows_the_capping_variables():
+    """Under the three variables a forced avx2 comparison sets, torch reports avx2 (on a
+    machine that runs AVX2); with any one of them missing, the host's ISA."""
+    need("torch")
+    if "avx2" not in kernels_isa.PATH.runnable:
+        pytest.skip("this machine runs no AVX2")
+    code = ("import numpy as np, tblock; from tblock import peers; cfg = tblock.BlockConfig(d_model=16, n_heads=2); "
+            "print(peers.build('torch', tblock.init_weights(cfg, seed=0), cfg).isa[0])")
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    base = {k: v for k, v in os.environ.items() if k not in caps}
+    for left_out in [None, *caps]:
+        env = dict(base, **{k: v for k, v in caps.items() if k != left_out})
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split()[-1] == ("avx2" if left_out is None else peers.host_isa()), left_out
 
 
 def test_tblock_imports_no_peer():
@@ -145,6 +191,9 @@ def test_compare_peers_script_at_a_tiny_size(tmp_path):
     assert set(point["impls"]) == {"tblock", *installed}
     for name, rec in point["impls"].items():
         assert rec["status"] == "ok" and rec["max_rel_err"] < 1e-3 and rec["median_s"] > 0, name
+        assert rec["isa"] in kernels_isa.NAMES and rec["isa_evidence"], name
+        assert rec["gflops"] == pytest.approx(point["causal_flops"] / rec["median_s"] / 1e9), name
+    assert point["impls"]["tblock"]["isa"] == tblock.isa()
     assert ("ratio" in point) == bool(installed)
     assert data["isa"]["name"] == tblock.isa() and data["isa"]["vector_bytes"] in (16, 32, 64)
     assert data["cpu"]["model"] and data["versions"]["numba"] and data["threads"]["numba"] >= 1
