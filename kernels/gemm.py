@@ -50,13 +50,34 @@ def micro_kernel(A, a_off, a_rs, a_ks, m, B, b_off, ldb, K, C, c_off, ldc, n, ac
     for a packed panel.  Rows past m are computed from a repeated row 0 (no
     out-of-bounds reads) and never stored; B must have NR readable columns per row.
     One row (a decode step's GEMV) has a loop of its own: the six-row body ran it at
-    a third of the memory bandwidth.  Its sums are row 0's sums of the six-row body,
+    a third of the memory bandwidth.  Two to four rows (the last row tile of T = 64 or
+    128) have a four-row loop: the six-row body spent a third or more of its FMAs on
+    rows it never stores.  Every loop's sums are those rows' sums of the six-row body,
     in the same order."""
     if m == 1:
         c0 = pload(B, bias_off) if bias_off >= 0 else psplat(B, 0.0)
         for k in range(K):
             c0 = vfma(pbcast(A, a_off + k * a_ks), pload(B, b_off + k * ldb), c0)
         _store_row(C, c_off, n, accumulate, c0)
+        return
+    if m <= 4:
+        a1 = a_off + a_rs                   # m >= 2 here
+        a2 = a_off + (2 * a_rs if m > 2 else 0)
+        a3 = a_off + (3 * a_rs if m > 3 else 0)
+        c0 = c1 = c2 = c3 = pload(B, bias_off) if bias_off >= 0 else psplat(B, 0.0)
+        for k in range(K):
+            b = pload(B, b_off + k * ldb)
+            ak = k * a_ks
+            c0 = vfma(pbcast(A, a_off + ak), b, c0)
+            c1 = vfma(pbcast(A, a1 + ak), b, c1)
+            c2 = vfma(pbcast(A, a2 + ak), b, c2)
+            c3 = vfma(pbcast(A, a3 + ak), b, c3)
+        _store_row(C, c_off, n, accumulate, c0)
+        _store_row(C, c_off + ldc, n, accumulate, c1)
+        if m > 2:
+            _store_row(C, c_off + 2 * ldc, n, accumulate, c2)
+        if m > 3:
+            _store_row(C, c_off + 3 * ldc, n, accumulate, c3)
         return
     a1 = a_off + (a_rs if m > 1 else 0)
     a2 = a_off + (2 * a_rs if m > 2 else 0)

@@ -62,7 +62,8 @@ def test_gemm_block_matches_numpy(M, K, N, dtype, with_bias):
     """C (+)= [bias +] A @ B over row and panel sub-ranges, on the one-micro-tile shortcut
     (M <= 6, one panel, K <= KC_ONE) and on the tiled loops (k blocks of KC, or of KC_ONE
     with one row tile: a GEMV of 600 or 513 columns runs three; partial panels and row
-    tiles); A and C with row strides wider than their rows; nothing outside the range
+    tiles; row tiles of one row, of two to four and of five or six, each with its own
+    loop); A and C with row strides wider than their rows; nothing outside the range
     written; the bias (after the packed matrix, zero-padded to whole panels) added once."""
     rng = np.random.default_rng(M * 1000 + K + N)
     NR = panel_width(dtype)
