@@ -7,6 +7,10 @@
     python bench/compare_peers.py --peers torch,ort --threads 2 --json peers.json
     make bench-peers                               # installs the peers into .venv first
 
+    # the avx2 path on an AVX-512 machine, the peers capped as far as their variables go
+    TBLOCK_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python bench/compare_peers.py --quick --isolate --peers torch,ort,openvino
+
 The peers (tblock.peers): PyTorch eager (nanoGPT's Block, scaled_dot_product_attention with
 is_causal), torch.compile of that module, ONNX Runtime on a graph with the fused com.microsoft
 Attention op, OpenVINO on the converted torch module.  The block is the lesson's: Pre-LN,
@@ -18,9 +22,16 @@ Building, compiling and the first call are timed apart (the "setup" table) and l
 the measurement.  The timing runs rounds of A B C D E (a pause, one uncounted call, then a
 few timed samples each), so every implementation sees the same machine load, and reports
 medians.  Also: the float32 FMA peak measured in the same run with tblock's own SIMD code,
-tblock's GFLOP/s at d_model 768, T 4096 against it, GEMM rates, and peak memory in fresh
-processes.  Nothing is asserted: it is a measurement.  A peer that is not installed is left
-out (without any, only tblock's column is measured).
+tblock's GFLOP/s at d_model 768, T 4096 against it, every implementation's GFLOP/s against
+it, GEMM rates, and peak memory in fresh processes.  Nothing is asserted: it is a
+measurement.  A peer that is not installed is left out (without any, only tblock's column
+is measured).
+
+Each implementation's kernels are named by their vector ISA (tblock.peers: torch's caps,
+OpenVINO's chosen primitives, ONNX Runtime's MLAS by CPUID).  With a forced path narrower
+than the host's, a peer whose kernels are wider is marked, and tblock is also set against
+the fastest peer held to its path: the variables above cap torch, but not ONNX Runtime,
+and OpenVINO only in part (its MLAS GEMMs keep AVX-512).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import textwrap
@@ -71,13 +83,54 @@ def pin_threads(n, names):
 # ---------------------------------------------------------------------------------------
 # timing: tblock.perf.interleaved, rounds of every implementation in turn
 
-def build_all(names, w, cfg, H, threads):
+# one peer build and call in a child process: a peer that kills its process (OpenVINO
+# 2026.4 at d_model 8 under ONEDNN_MAX_CPU_ISA=AVX2: a segmentation fault) would end the run
+_PROBE_CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tblock
+    from tblock import peers
+    name, (d, h, T, B, threads) = sys.argv[1], map(int, sys.argv[2:])
+    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
+    H = np.zeros((B, T, d), np.float32)
+    peers.build(name, tblock.init_weights(cfg, seed=0, dtype=np.float32), cfg, threads=threads, shape=H.shape)(H)
+""")
+
+
+def child_failure(p: subprocess.CompletedProcess) -> str:
+    """'' for a child process that exited with 0, else why it did not: the signal that
+    killed it, or its last line of stderr."""
+    if p.returncode == 0:
+        return ""
+    if p.returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-p.returncode).name} in a child process"
+        except ValueError:
+            return f"killed by signal {-p.returncode} in a child process"
+    return (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+
+
+def survives(name, d, h, T, B, threads) -> str:
+    """'' when peer ``name`` builds and runs once at this size in a child process, else why not."""
+    p = subprocess.run([sys.executable, "-c", _PROBE_CHILD, name] + [str(x) for x in (d, h, T, B, threads)],
+                       capture_output=True, text=True)
+    return child_failure(p)
+
+
+def build_all(names, w, cfg, H, threads, isolate=False):
     """tblock and each peer, built and checked against the oracle: {name: record}; a record
-    with status "ok" carries the callable under "fn"."""
+    with status "ok" carries the callable under "fn".  isolate: each peer is first run
+    once in a child process (survives), and one that fails there is not run here."""
     ref = tblock.forward(H, w, cfg, backend="numpy")           # float64 inside, (B, T, d)
     out = {}
+    B, T, d = H.shape
     for name in ["tblock"] + names:
         rec = out[name] = {}
+        if isolate and name != "tblock":
+            why = survives(name, d, cfg.n_heads, T, B, threads)
+            if why:
+                rec.update(status="crashed", reason=why)
+                continue
         try:
             t = time.perf_counter()
             if name == "tblock":
@@ -103,11 +156,11 @@ def build_all(names, w, cfg, H, threads):
     return out
 
 
-def bench_point(d, h, T, B, names, quick, threads):
+def bench_point(d, h, T, B, names, quick, threads, isolate=False):
     cfg = tblock.BlockConfig(d_model=d, n_heads=h)
     w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
     H = np.random.default_rng(1).standard_normal((B, T, d)).astype(np.float32)
-    impls = build_all(names, w, cfg, H, threads)
+    impls = build_all(names, w, cfg, H, threads, isolate)
     fns = {n: r.pop("fn") for n, r in impls.items() if "fn" in r}
     # seconds of rounds after the minimum: more for slow calls, whose medians need more samples
     budget = (1.0 if quick else 3.0) * len(fns) * (1 + B * T / 1024)
@@ -219,7 +272,7 @@ def memory(name, T, threads, d=768, h=12):
     p = subprocess.run([sys.executable, "-c", _MEM_CHILD, name, str(d), str(h), str(T), str(threads)],
                        capture_output=True, text=True)
     if p.returncode:
-        return {"error": (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]}
+        return {"error": child_failure(p)}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["above_import_mib"] = r["peak_mib"] - r["base_import_mib"]
     r["above_warm_mib"] = r["peak_mib"] - r["base_warm_mib"]
@@ -357,6 +410,9 @@ def main(argv=None):
                     help="comma-separated, from torch,compile,ort,openvino (default: all that are installed)")
     ap.add_argument("--threads", type=int, default=perf.usable_cores(), help="threads for every implementation")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    ap.add_argument("--isolate", action="store_true",
+                    help="run each peer once in a child process before each size, leaving out one that crashes "
+                         "there (OpenVINO under ONEDNN_MAX_CPU_ISA=AVX2 at the toy size)")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
     args = ap.parse_args(argv)
     if args.threads < 1:
@@ -381,7 +437,7 @@ def main(argv=None):
         "cpu": perf.cpu_info(), "isa": perf.vector_path(), "threads": threads,
         "versions": {"python": platform.python_version(), **perf.versions()},
         "peers": names, "not_run": {n: why for n, (ok, why) in status.items() if not ok},
-        "tolerance": peers.TOLERANCE, "quick": args.quick, "tblock_warmup_s": warmup_s,
+        "tolerance": peers.TOLERANCE, "quick": args.quick, "isolate": args.isolate, "tblock_warmup_s": warmup_s,
         "loadavg_start": list(os.getloadavg()), "points": []}
     v, c, p = results["versions"], results["cpu"], results["isa"]
     print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), {perf.usable_cores()} usable cores; "
@@ -396,7 +452,7 @@ def main(argv=None):
           f"{' (quick)' if args.quick else ''}\n", flush=True)
 
     for d, h, T, B in args.points or POINTS:
-        results["points"].append(bench_point(d, h, T, B, names, args.quick, args.threads))
+        results["points"].append(bench_point(d, h, T, B, names, args.quick, args.threads, args.isolate))
         r = results["points"][-1]
         print(f"  d_model {d} T {T} B {B}: " + ", ".join(
             f"{n} {_cell(x)}" for n, x in r["impls"].items()), flush=True)

@@ -4,6 +4,7 @@ them; `tblock report` and bench/compare_peers.py run with or without them.
 The peer libraries are optional (the `peers` extra, not installed in CI): each test that
 needs one skips, naming it, when it is missing."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -174,10 +175,11 @@ def test_report_refuses_an_unknown_peer(tmp_path, capsys):
 
 
 def test_compare_peers_script_at_a_tiny_size(tmp_path):
-    """bench/compare_peers.py end to end, tiny and quick: its table and its JSON."""
+    """bench/compare_peers.py end to end, tiny and quick (each peer first run in a child
+    process): its table and its JSON."""
     out = tmp_path / "peers.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "compare_peers.py"), "--quick", "--points", "16:2:8",
-                        "--no-memory", "--threads", "2", "--json", str(out)],
+                        "--no-memory", "--isolate", "--threads", "2", "--json", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -194,10 +196,29 @@ def test_compare_peers_script_at_a_tiny_size(tmp_path):
         assert rec["isa"] in kernels_isa.NAMES and rec["isa_evidence"], name
         assert rec["gflops"] == pytest.approx(point["causal_flops"] / rec["median_s"] / 1e9), name
     assert point["impls"]["tblock"]["isa"] == tblock.isa()
-    assert ("ratio" in point) == bool(installed)
+    assert ("ratio" in point) == bool(installed) and data["isolate"]
     assert data["isa"]["name"] == tblock.isa() and data["isa"]["vector_bytes"] in (16, 32, 64)
     assert data["cpu"]["model"] and data["versions"]["numba"] and data["threads"]["numba"] >= 1
     assert data["measured_fma_peak_gflops"] > 0 and data["fma_loop"]["lanes"] == data["isa"]["vector_bytes"] // 4
+
+
+def _compare_peers_module():
+    spec = importlib.util.spec_from_file_location("compare_peers", ROOT / "bench" / "compare_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("code, why", [
+    ("pass", ""),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV in a child process"),
+    ("raise RuntimeError('the peer broke')", "RuntimeError: the peer broke"),
+    ("import sys; sys.exit(3)", "exit status 3")])
+def test_a_peer_that_fails_in_a_child_process_is_named(code, why):
+    """compare_peers --isolate runs each peer once in a child first: a crash there (a
+    segmentation fault) is reported with its signal instead of ending the run."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert _compare_peers_module().child_failure(p) == why
 
 
 @pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True,
