@@ -60,7 +60,7 @@ from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
                      attention_work, cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task,
                      ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
-from .validate import all_finite
+from .validate import all_finite_flat
 
 
 @kernel(parallel=True)
@@ -329,7 +329,7 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
     # crossing into compiled code; the caller reports where the NaN or the Inf is.
-    if not all_finite(H):
+    if not all_finite_flat(H):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
@@ -343,7 +343,7 @@ def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr
     handing an array Numba made back to Python costs ~0.4 us, numpy's in the caller ~0.15
     (docs/perf-log.md)."""
     H = H3.reshape(H3.size)
-    if not all_finite(H):
+    if not all_finite_flat(H):
         return 0
     none = np.empty(0, dtype=H3.dtype)
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
@@ -395,7 +395,7 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
             V = borrowed_at(Vc, layers[blk, 2], Vc.size)
         else:
             W, K, V = borrowed(Wf), borrowed(Kc), borrowed(Vc)
-        if not all_finite(H):              # as in _block
+        if not all_finite_flat(H):         # as in _block
             break
         out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, plan, work,
                          blk % 2, work[:0])

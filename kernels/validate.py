@@ -4,7 +4,10 @@ import math
 
 from numba import njit
 
-from .options import JIT
+from .options import JIT, kernel
+from .simd import panel_lanes, pload, psplat, vadd, vhsum, vmul
+
+FINITE_BLOCK = 4096     # elements summed between two looks at the sum (all_finite_flat)
 
 
 @njit(cache=JIT["cache"], nogil=True)     # no fast-math: the check is about NaN and Inf
@@ -15,5 +18,28 @@ def all_finite(a):
     the toy size than numpy's isfinite(a).all() (two ufunc calls)."""
     for x in a.flat:
         if not math.isfinite(x):
+            return False
+    return True
+
+
+@kernel(readonly=("a",))
+def all_finite_flat(a):
+    """all_finite for a C-contiguous 1-D ``a`` (the block's flat rows), a panel vector at a
+    time: x * 0 is NaN exactly when x is NaN or +-Inf (else +-0), and a sum that meets a
+    NaN stays NaN, so one comparison per FINITE_BLOCK elements decides.  The element
+    loop's branch kept it scalar: 7 us for d_model 384 x T 64 in float32."""
+    P = panel_lanes(a)
+    n = a.size
+    body = n - n % P
+    zero = psplat(a, 0.0)
+    for b0 in range(0, body, FINITE_BLOCK):
+        acc = zero
+        for i in range(b0, min(body, b0 + FINITE_BLOCK), P):
+            acc = vadd(acc, vmul(pload(a, i), zero))
+        s = vhsum(acc)
+        if s != s:
+            return False
+    for i in range(body, n):
+        if not math.isfinite(a[i]):
             return False
     return True

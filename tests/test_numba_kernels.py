@@ -20,6 +20,7 @@ from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.options import JIT
 from tblock.kernels.simd import lanes, panel_lanes, vexp, vexp2, vload_n, vstore_n
 from tblock.kernels.softmax import masked_softmax_rows
+from tblock.kernels.validate import FINITE_BLOCK, all_finite_flat
 
 
 
@@ -330,3 +331,20 @@ def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtyp
                     T, n_heads, dk, got_vp)
     np.testing.assert_array_equal(got_kt, want_kt)
     np.testing.assert_array_equal(got_vp, want_vp)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_all_finite_flat_finds_every_nan_and_inf(dtype):
+    """The block's vectorised finiteness check: a NaN, +Inf or -Inf anywhere (the first and
+    last element, either side of a panel vector and of a FINITE_BLOCK, the scalar tail)
+    is found; the largest finite values, -0 and empty arrays pass."""
+    P = panel_width(dtype)
+    big = np.finfo(dtype).max
+    for n in (1, P - 1, P, P + 1, 3 * P + 5, FINITE_BLOCK - 1, FINITE_BLOCK, FINITE_BLOCK + P + 3, 3 * FINITE_BLOCK):
+        assert all_finite_flat(np.full(n, big, dtype)) and all_finite_flat(np.full(n, -0.0, dtype))
+        for pos in sorted({0, P - 1, P, n // 2, FINITE_BLOCK - 1, FINITE_BLOCK, n - P - 1, n - 1} & set(range(n))):
+            for bad in (np.nan, np.inf, -np.inf):
+                a = np.full(n, -big, dtype)
+                a[pos] = bad
+                assert not all_finite_flat(a), (n, pos, bad)
+    assert all_finite_flat(np.empty(0, dtype))

@@ -214,8 +214,10 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
 
 def parallel_call(fn, *args, pass_threads=False):
     """``fn(*args)`` (``fn(*args, nthr)`` with pass_threads) on tblock's thread count, one
-    caller at a time.  Numba's thread count and chunk size are thread-local, so they are
-    set here, in the calling thread, and put back afterwards."""
+    caller at a time.  Numba's thread count is thread-local, so it is set here, in the
+    calling thread, and put back afterwards.  Numba's chunk size is left alone: a block's
+    prange runs one iteration per thread, each claiming tasks (kernels.block), whatever
+    the size (and the OpenMP layer ignores it); setting and restoring it cost ~2 us a call."""
     if _runtime._serial_only:
         raise RuntimeError("parallel code cannot run in a child forked after this process used "
                            "Numba's OpenMP pool; start children with spawn or forkserver")
@@ -224,11 +226,9 @@ def parallel_call(fn, *args, pass_threads=False):
         old_n = numba.get_num_threads()
         if old_n != n:
             numba.set_num_threads(n)
-        old_chunk = numba.set_parallel_chunksize(1)    # dynamic scheduling of the coarse tasks
         try:
             return fn(*args, n) if pass_threads else fn(*args)
         finally:
-            numba.set_parallel_chunksize(old_chunk)
             if old_n != n:
                 numba.set_num_threads(old_n)
 

@@ -60,7 +60,7 @@ def fma_loop(threads):
 
 def fma_rate(n, threads):
     """GFLOP/s of one run of the FMA loop (n iterations per thread), run as tblock's
-    parallel calls are (parallel_call: its thread count, chunk size 1)."""
+    parallel calls are (parallel_call, on its thread count)."""
     from ..backends.numba import parallel_call
     loop, flops_per_iter = fma_loop(threads)
     return threads * n * flops_per_iter / seconds(parallel_call, loop, n) / 1e9
