@@ -165,9 +165,11 @@ def bench_point(d, h, T, B, names, quick, threads, isolate=False):
     # seconds of rounds after the minimum: more for slow calls, whose medians need more samples
     budget = (1.0 if quick else 3.0) * len(fns) * (1 + B * T / 1024)
     times = perf.interleaved(fns, 3 if quick else 7, budget)
+    flops = causal_flops(d, h, T, B)
     for name, ts in times.items():
-        impls[name].update(median_s=float(np.median(ts)), best_s=min(ts), reps=len(ts))
-    row = {"d": d, "heads": h, "T": T, "B": B, "causal_flops": causal_flops(d, h, T, B), "impls": impls}
+        median = float(np.median(ts))
+        impls[name].update(median_s=median, best_s=min(ts), reps=len(ts), gflops=flops / median / 1e9)
+    row = {"d": d, "heads": h, "T": T, "B": B, "causal_flops": flops, "impls": impls}
     tb = impls["tblock"].get("median_s")
     timed = {n: r["median_s"] for n, r in impls.items() if n != "tblock" and "median_s" in r}
     if tb and timed:
@@ -351,13 +353,8 @@ def rate_table(points, names, fma):
     for r in points:
         cells = []
         for n in ["tblock"] + names:
-            x = r["impls"].get(n, {})
-            if "median_s" not in x:
-                cells.append("-")
-                continue
-            gf = r["causal_flops"] / x["median_s"] / 1e9
-            x["gflops"] = gf
-            cells.append(f"{gf:.1f} ({100 * gf / fma:.0f}%)")
+            gf = r["impls"].get(n, {}).get("gflops")
+            cells.append("-" if gf is None else f"{gf:.1f} ({100 * gf / fma:.0f}%)")
         rows.append([r["d"], r["T"], r["B"]] + cells)
     return table(header, rows)
 

@@ -8,8 +8,10 @@
 
 Each builder takes tblock's weights and config and returns a callable that maps a numpy
 (B, T, d_model) or (T, d_model) float32 array to a new numpy array of the same shape: the
-same function as ``tblock.forward(H, weights, cfg)`` with the same weights. Peers are
-float32 only (ONNX Runtime's Attention has no float64 kernel).
+same function as ``tblock.forward(H, weights, cfg)`` with the same weights.  Its ``isa`` is
+(a tblock path name, the evidence): the widest vector instructions the peer's kernels run
+here, so that a comparison with a forced narrower path can tell which peers kept to it.
+Peers are float32 only (ONNX Runtime's Attention has no float64 kernel).
 
 None of the libraries is a dependency (``pip install 'tblock-cpu[peers]'``): each is
 imported inside the function that needs it, so ``import tblock`` never loads them.
@@ -174,12 +176,10 @@ def _torch_isa() -> tuple[str, str]:
     import torch
     host = host_isa()
     aten = torch.backends.cpu.get_cpu_capability()
-    caps = {"ATen": isa_of_token(aten, host) or "generic"}
-    for lib, var in (("MKL", "MKL_ENABLE_INSTRUCTIONS"), ("oneDNN", "ONEDNN_MAX_CPU_ISA")):
-        caps[lib] = _env_cap(var, host)
-    evidence = f"ATen {aten}; " + ", ".join(f"{var}={os.environ.get(var, 'unset')}"
-                                            for var in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"))
-    return widest(*caps.values()), evidence
+    blas = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+    caps = [isa_of_token(aten, host) or "generic"] + [_env_cap(var, host) for var in blas]
+    evidence = f"ATen {aten}; " + ", ".join(f"{var}={os.environ.get(var, 'unset')}" for var in blas)
+    return widest(*caps), evidence
 
 
 def _openvino_isa(compiled) -> tuple[str, str]:
