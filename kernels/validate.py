@@ -26,8 +26,8 @@ def all_finite(a):
 def all_finite_flat(a):
     """all_finite for a C-contiguous 1-D ``a`` (the block's flat rows), a panel vector at a
     time: x * 0 is NaN exactly when x is NaN or +-Inf (else +-0), and a sum that meets a
-    NaN stays NaN, so one comparison per FINITE_BLOCK elements decides.  The element
-    loop's branch kept it scalar: 7 us for d_model 384 x T 64 in float32."""
+    NaN stays NaN, so one comparison per FINITE_BLOCK elements decides: all_finite's early
+    exit on every element keeps LLVM from vectorising it (docs/perf-log.md)."""
     P = panel_lanes(a)
     n = a.size
     body = n - n % P

@@ -216,8 +216,8 @@ def parallel_call(fn, *args, pass_threads=False):
     """``fn(*args)`` (``fn(*args, nthr)`` with pass_threads) on tblock's thread count, one
     caller at a time.  Numba's thread count is thread-local, so it is set here, in the
     calling thread, and put back afterwards.  Numba's chunk size is left alone: a block's
-    prange runs one iteration per thread, each claiming tasks (kernels.block), whatever
-    the size (and the OpenMP layer ignores it); setting and restoring it cost ~2 us a call."""
+    prange runs one iteration per thread, each claiming tasks (kernels.block), so it has
+    nothing to split (and the OpenMP layer ignores it), and setting it costs a call time."""
     if _runtime._serial_only:
         raise RuntimeError("parallel code cannot run in a child forked after this process used "
                            "Numba's OpenMP pool; start children with spawn or forkserver")
