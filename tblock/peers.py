@@ -189,10 +189,10 @@ def _openvino_isa(compiled) -> tuple[str, str]:
     kinds = collections.Counter()
     for op in compiled.get_runtime_model().get_ops():
         kinds[op.get_rt_info()["primitiveType"].astype(str)] += 1
-    found = [isa for isa in (isa_of_token(k, host) for k in kinds) if isa]
-    evidence = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items())
-                         if isa_of_token(k, host))
-    return (widest(*found) if found else "generic"), evidence
+    named = {k: n for k, n in sorted(kinds.items()) if isa_of_token(k, host)}
+    # none names an x86 ISA (an ARM build's primitives): all of them are the evidence
+    evidence = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in (named or dict(sorted(kinds.items()))).items())
+    return (widest(*(isa_of_token(k, host) for k in named)) if named else "generic"), evidence
 
 
 def _mark_isa(fn, isa: tuple[str, str]):
