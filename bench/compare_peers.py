@@ -156,6 +156,11 @@ def build_all(names, w, cfg, H, threads, isolate=False):
     return out
 
 
+def held_to(isa, path):
+    """Whether kernels of vector ISA ``isa`` keep to tblock's ``path`` (are no wider)."""
+    return peers.widest(isa, path) == path
+
+
 def bench_point(d, h, T, B, names, quick, threads, isolate=False):
     cfg = tblock.BlockConfig(d_model=d, n_heads=h)
     w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
@@ -177,12 +182,12 @@ def bench_point(d, h, T, B, names, quick, threads, isolate=False):
         row.update(fastest_peer=fastest, ratio=tb / timed[fastest])
         # with a forced narrower path, also against the peers whose kernels kept to it
         path = impls["tblock"]["isa"]
-        on_path = {n: t for n, t in timed.items() if peers.widest(impls[n]["isa"], path) == path}
+        on_path = {n: t for n, t in timed.items() if held_to(impls[n]["isa"], path)}
         if on_path and len(on_path) < len(timed):
             fastest = min(on_path, key=on_path.get)
             row.update(fastest_peer_on_path=fastest, ratio_on_path=tb / on_path[fastest])
     if tb:
-        row["tblock_gflops"] = row["causal_flops"] / tb / 1e9
+        row["tblock_gflops"] = impls["tblock"]["gflops"]
         row["tblock_best_gflops"] = row["causal_flops"] / impls["tblock"]["best_s"] / 1e9
     return row
 
@@ -317,7 +322,7 @@ def main_table(points, names):
         cells = []
         for n in ["tblock"] + names:
             x = r["impls"].get(n)
-            wider = x is not None and n != "tblock" and peers.widest(x.get("isa", path), path) != path
+            wider = x is not None and n != "tblock" and not held_to(x.get("isa", path), path)
             cells.append(_cell(x) + ("*" if wider else ""))
         extra = []
         if on_path:

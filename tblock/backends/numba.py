@@ -40,7 +40,7 @@ from ..kernels.options import JIT
 from ..kernels.simd import panel_lanes
 from ..kernels.softmax import masked_softmax_rows
 from ..kernels.stages import MC, MF, ffn_tile
-from ..kernels.validate import all_finite
+from ..kernels.validate import all_finite_flat
 from ..kvcache import KVCache
 from .numpy import head_mix, head_probs
 
@@ -142,7 +142,7 @@ def forward_batch(H, weights, cfg, trace):
 
     Kept lean: at the lesson's size every Python step here is a visible fraction of a call."""
     if trace:
-        if not all_finite(H):
+        if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None
         return _forward_trace(H, weights, cfg)
     plan = weights._cache.get(("numba-plan", H.dtype.char))
