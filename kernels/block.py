@@ -405,4 +405,6 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
     return np.empty((0, 0, 0), dtype=H3.dtype), blk
 
 
-cached_serial, cached_parallel = serial_and_parallel(_cached, "cached", calls=BODY, loops=False)
+# standalone: kernels.decode calls them by address; H3 typed read-only, as the API hands it
+cached_serial, cached_parallel = serial_and_parallel(_cached, "cached", calls=BODY, loops=False, standalone=True,
+                                                     readonly=("H3", "Wf"))

@@ -69,4 +69,5 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
                    out, 0, vocab, False, KC, -1)
 
 
-head_serial, head_parallel = serial_and_parallel(_head, "head")
+# standalone: kernels.decode calls them by address (their prange loops compile once)
+head_serial, head_parallel = serial_and_parallel(_head, "head", standalone=True, readonly=("P", "Ep"))

@@ -356,6 +356,7 @@ class GPT2:
             raise ValueError(f"blocks must hold n_layer={config.n_layer} BlockWeights, got {len(blocks)}")
         self.stack = Stack(config.block_config(), [self._cast(b, i) for i, b in enumerate(blocks)])
         self._head = None                                       # wte packed for the head, on first use
+        self._step = None                                       # a prepared decode step (_prepare_step)
 
     def _cast(self, w, i: int) -> BlockWeights:
         # every block in the model's dtype, so the blocks run in the dtype the logits have
@@ -545,16 +546,62 @@ class GPT2:
         (B, vocab) for (B, T_new).  As ``model(ids, cache=cache)[..., -1, :]``, with the head
         run on that one row (a GEMV over wte).  ``out``: a (B, vocab) array of the model's
         dtype to write them into, so a decoding loop allocates none per token."""
+        logits = self._step_logits(ids, cache, backend, out)
+        if logits is not None:
+            return logits
         name = self._cached_backend(backend)
         ids2 = self._check_ids(ids)
-        H = self._forward_cached(ids2, cache, name)
         B = ids2.shape[0]
         if out is not None and (not isinstance(out, np.ndarray) or out.shape != (B, self.config.vocab_size)
                                 or out.dtype != self.dtype or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
                              f"{(B, self.config.vocab_size)}, got {getattr(out, 'shape', type(out).__name__)}")
+        H = self._forward_cached(ids2, cache, name)
         logits = self._logits(H[:, -1:], name, None if out is None else out[:, None], scratch=True)  # (B, 1, vocab)
+        if name == "numba" and ids2.shape[1] == 1:
+            self._prepare_step(cache)
         return logits[:, 0] if np.ndim(ids) == 2 else logits[0, 0]
+
+    def _prepare_step(self, cache: list[KVCache]) -> None:
+        """After a checked decode step with these caches: the next steps with them take
+        _step_logits' path (one compiled call).  Caches of several sizes keep the checked path."""
+        if len({c.max_T for c in cache}) == 1:
+            from .backends.numba import DecodeStep
+            vocab, d = self.wte.shape
+            self._step = DecodeStep([b.weights for b in self.stack.blocks], self.stack.cfg, cache, self.wte,
+                                    self.wpe, self.ln_f, self.config.layer_norm_epsilon, self._head,
+                                    2 * d * vocab * cache[0].batch >= HEAD_PARALLEL_MIN_FLOPS)
+
+    def _step_logits(self, ids, cache, backend, out):
+        """next_logits of one token a sequence in one compiled call, when the caches are
+        those of the last decode step (_prepare_step) and nothing else needs a check the
+        step does not make; None otherwise (or on any error: the checked path then
+        raises it), with nothing changed."""
+        step = self._step
+        if (step is None or (backend is not None and backend != "numba") or DEFAULT_BACKEND != "numba"
+                or not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu"
+                or not isinstance(cache, (list, tuple)) or len(cache) != len(step.caches)):
+            return None
+        B = step.batch
+        if ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None):
+            return None
+        past = step.caches[0]._length
+        if past + 1 > step.max_T or past + 1 > self.config.n_positions:
+            return None
+        for mine, theirs in zip(step.caches, cache):
+            if mine is not theirs or mine._length != past:
+                return None
+        if out is None:
+            out = np.empty((B, step.vocab), dtype=self.dtype)
+        elif (not isinstance(out, np.ndarray) or out.shape != (B, step.vocab) or out.dtype != self.dtype
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            return None
+        step.ids[:] = ids.reshape(B)        # a token id past int64 wraps negative: refused in the step
+        if step(past, out.reshape(B * step.vocab)) != -1:
+            return None
+        for c in cache:
+            c._length = past + 1
+        return out if ids.ndim == 2 else out[0]
 
     def _logits(self, H: np.ndarray, backend: str, out: np.ndarray | None = None, scratch: bool = False) -> np.ndarray:
         """LN_f(H) @ wte^T for H (B, T, d), into ``out`` (B, T, vocab) when given.

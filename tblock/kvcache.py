@@ -67,18 +67,43 @@ class KVCache:
         dtype = np.dtype(dtype)
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-        self.cfg, self.max_T, self.batch, self.dtype = cfg, int(max_T), int(batch), dtype
+        # fixed for the cache's life (read-only properties): compiled callers hold the
+        # arrays' addresses (tblock.backends.numba.DecodeStep)
+        self._cfg, self._max_T, self._batch, self._dtype = cfg, int(max_T), int(batch), dtype
         self.nr = NR = _panel_width(dtype)
         self.panels = -(-self.max_T // NR)          # K^T panels of NR keys per head
         self.ldv = -(-cfg.d_k // NR) * NR           # V's row length: d_k rounded up to NR
         # zeros: the kernels read whole panels and rows, the parts past length and d_k too
-        self.K = np.zeros((self.batch, cfg.n_heads, self.panels * cfg.d_k * NR), dtype)
-        self.V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
-        self.length = 0                     # tokens cached so far (the same for every sequence)
-        self._addresses = (None, None, 0, 0)
+        self._K = np.zeros((self.batch, cfg.n_heads, self.panels * cfg.d_k * NR), dtype)
+        self._V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
+        self._length = 0                    # tokens cached so far (the same for every sequence)
+        self._addresses = (self._K.ctypes.data, self._V.ctypes.data)
         # the numba kernels' scratch for a decode step (a few dozen KiB): with it a step
         # allocates nothing.  Not part of the cache: its contents mean nothing between calls
-        self.work = np.empty(_work_len(cfg, self.batch, self.max_T, dtype), dtype)
+        self._work = np.empty(_work_len(cfg, self.batch, self.max_T, dtype), dtype)
+
+    cfg = property(lambda self: self._cfg, doc="the BlockConfig of the block whose keys and values these are")
+    max_T = property(lambda self: self._max_T, doc="the most tokens the cache holds")
+    batch = property(lambda self: self._batch, doc="the number of sequences")
+    dtype = property(lambda self: self._dtype, doc="float32 or float64")
+    K = property(lambda self: self._K, doc="the keys: K^T panels per (sequence, head), see the module's docstring")
+    V = property(lambda self: self._V, doc="the values: rows per (sequence, head), d_k rounded up to NR")
+    work = property(lambda self: self._work, doc="the numba kernels' scratch for a decode step")
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far, the same for every sequence.  Settable, to any count in
+        0..max_T: back to an earlier token (the keys and values past it are then unused
+        and overwritten by the next tokens), or on to tokens written by other means."""
+        return self._length
+
+    @length.setter
+    def length(self, n) -> None:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"length must be an integer, got {type(n).__name__} {n!r}")
+        if not 0 <= n <= self._max_T:
+            raise ValueError(f"length must be between 0 and max_T={self._max_T}, got {n}")
+        self._length = int(n)
 
     def __repr__(self):
         return (f"KVCache(d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, length={self.length}, "
@@ -91,18 +116,15 @@ class KVCache:
     def addresses(self) -> tuple[int, int]:
         """The data addresses of K and V, for a compiled call that reaches several caches
         through a table of addresses (the numba backend's stack)."""
-        a = self._addresses
-        if a[0] is not self.K or a[1] is not self.V:      # computed once: ctypes.data is slow
-            a = self._addresses = (self.K, self.V, self.K.ctypes.data, self.V.ctypes.data)
-        return a[2], a[3]
+        return self._addresses          # computed once: ctypes.data is slow
 
     def reset(self) -> None:
         """Forget every token. The memory is kept, and zeroed: the kernels read whole
         panels, the keys past length among them (masked), and nothing of an old sequence
         should reach a new one even so."""
-        self.K.fill(0)
-        self.V.fill(0)
-        self.length = 0
+        self._K.fill(0)
+        self._V.fill(0)
+        self._length = 0
 
     def _kt(self, b: int) -> np.ndarray:
         """Sequence b's K^T panels as (n_heads, panels, d_k, NR), a view."""

@@ -360,6 +360,32 @@ def test_bad_calls_leave_the_cache_unchanged(backend):
     assert rel_err(got, tblock.forward(H, w, cfg, backend=backend)[:, 3:]) <= TOL[np.dtype(np.float64)]
 
 
+@pytest.mark.parametrize("value, error, match", [
+    (-1, ValueError, "length must be between 0 and max_T=4, got -1"),
+    (5, ValueError, "length must be between 0 and max_T=4, got 5"),
+    (2.0, TypeError, "length must be an integer, got float 2.0"),
+    (True, TypeError, "length must be an integer, got bool"),
+])
+def test_cache_length_setter(value, error, match):
+    """length may be set back or on within 0..max_T (a compiled step indexes by it), nothing else."""
+    cache = tblock.KVCache(tblock.BlockConfig(d_model=4, n_heads=2), max_T=4)
+    cache.length = np.int64(4)
+    assert cache.length == 4 and type(cache.length) is int
+    with pytest.raises(error, match=match):
+        cache.length = value
+    assert cache.length == 4
+
+
+@pytest.mark.parametrize("name", ["K", "V", "work", "max_T", "batch", "dtype", "cfg"])
+def test_cache_arrays_and_sizes_are_fixed(name):
+    """Compiled steps hold the arrays' addresses (tblock.backends.numba.DecodeStep)."""
+    cache = tblock.KVCache(tblock.BlockConfig(d_model=4, n_heads=2), max_T=4)
+    before = getattr(cache, name)
+    with pytest.raises(AttributeError):
+        setattr(cache, name, before)
+    assert getattr(cache, name) is before
+
+
 def test_cache_must_be_a_kvcache():
     cfg, w, H, _ = _prefilled("numpy")
     with pytest.raises(TypeError, match="cache must be a tblock.KVCache, got dict"):

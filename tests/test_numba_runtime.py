@@ -54,7 +54,8 @@ def _compiled_signatures():
     """Every signature of every kernel dispatcher: a call that compiles adds one."""
     import importlib
     from numba.core.dispatcher import Dispatcher
-    names = ("activations", "attention", "block", "gemm", "layernorm", "softmax", "validate")
+    names = ("activations", "attention", "block", "decode", "gemm", "layernorm", "lm_head", "softmax", "stages",
+             "validate")
     return sum(len(f.signatures) for n in names
                for f in vars(importlib.import_module(f"tblock.kernels.{n}")).values()
                if isinstance(f, Dispatcher))
@@ -87,6 +88,11 @@ def test_warmup_compiles_everything_used_by_forward():
             for X in _layouts(H):
                 np.testing.assert_array_equal(tblock.forward(X, w, cfg, backend="numba"), want.reshape(X.shape))
             tblock.forward(H[:5], w, cfg, backend="numba", trace=True)
+        # a GPT-2's prompt, checked decode steps and prepared ones, serial and parallel
+        for d, vocab in ((16, 50), (256, 3000)):
+            model = tblock.GPT2.from_config(vocab_size=vocab, n_positions=64, n_embd=d, n_layer=2, n_head=4,
+                                            seed=0, dtype=dtype)
+            model.generate(np.arange(5), 20, temperature=0)
     assert _compiled_signatures() == before
 
 
@@ -107,7 +113,10 @@ def test_the_compiled_block_is_cacheable():
     inside the block did): after warmup() every top-level kernel has its cache index."""
     tblock.warmup()
     from tblock.kernels.block import attention_core, block_parallel, block_serial, cached_parallel, cached_serial
-    for disp in (block_serial, block_parallel, cached_serial, cached_parallel):
+    from tblock.kernels.decode import decode_step
+    from tblock.kernels.lm_head import head_parallel, head_serial
+    for disp in (block_serial, block_parallel, cached_serial, cached_parallel, head_serial, head_parallel,
+                 decode_step):
         index = disp._cache._cache_file._index_path
         assert os.path.exists(index), f"{disp.py_func.__qualname__} was not cached ({index})"
     assert attention_core._cache is not None

@@ -32,6 +32,7 @@ from ..counting import flops
 from ..kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ..kernels.block import (PLAN_COLS, PLAN_ROWS, attention_core, block_parallel, block_serial, cached_parallel,
                              cached_serial)
+from ..kernels.decode import decode_step
 from ..kernels.gemm import KC, gemm_block, pack_b, packed_size, panel_width
 from ..kernels.layernorm import layernorm_rows
 from ..kernels.layout import (bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile,
@@ -212,6 +213,50 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
     return out, bad
 
 
+class DecodeStep:
+    """A language model's decode step (kernels.decode) prepared for one list of caches.
+
+    Everything a step passes but the tokens, the position and the logits' buffer is made
+    here once: the table of every block's packed weights and caches, the head's packed
+    embedding, the step's scratch.  The caller (tblock.GPT2.next_logits) has run a step of
+    the checked path with these caches, so their config, dtype, batch and size are known
+    good and stay so (a KVCache's arrays are fixed); a step then checks only what can
+    change, the tokens and the caches' lengths, and crosses into compiled code once.
+
+    blocks: the stack's BlockWeights; caches: one KVCache each, one max_T; E (vocab, d),
+    P (positions, d): the embeddings; ln_f = [gamma | beta]; Ep: E packed (lm_head);
+    head_parallel: whether the head runs in parallel when threads allow (its size's say)."""
+
+    def __init__(self, blocks, cfg: BlockConfig, caches, E, P, ln_f, eps_f: float, Ep, head_parallel: bool):
+        c0 = caches[0]
+        dtype, B, d = c0.dtype, c0.batch, cfg.d_model
+        _, flat, scalars, self.per_row, self.per_key = _plan(blocks[0], cfg, dtype)
+        # the compiled stack reaches block i's arrays through their addresses (kernels.block);
+        # self.blocks and self.caches hold them alive
+        layers = np.array([(_packed_address(w, dtype),) + c.addresses() for w, c in zip(blocks, caches)],
+                          dtype=np.intp)
+        self.blocks, self.caches, self.max_T, self.batch = tuple(blocks), tuple(caches), c0.max_T, B
+        self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
+        self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
+        self.vocab = E.shape[0]
+        self.head_parallel = head_parallel
+        self._before = (self.ids, E, P, self.H, flat, d) + scalars + (c0.K.reshape(-1), c0.V.reshape(-1))
+        self._after = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp), c0.work, ln_f, eps_f, Ep,
+                       self.vocab)
+
+    def __call__(self, past: int, logits: np.ndarray) -> int:
+        """kernels.decode.decode_step of self.ids at position ``past`` into logits (B * vocab,
+        flat): its code (-1: done)."""
+        parallel = _runtime._threads > 1 and not _runtime._serial_only
+        # as _run_cached and GPT2._logits size their calls: the same builds, the same sums
+        stack = parallel and self.batch * (self.per_row + self.per_key * (2 * past + 2)) >= PARALLEL_MIN_FLOPS
+        head = parallel and self.head_parallel
+        args = self._before + (past,) + self._after + (logits, stack, head)
+        if stack or head:
+            return parallel_call(decode_step, *args, pass_threads=True)
+        return decode_step(*args, 1)
+
+
 def parallel_call(fn, *args, pass_threads=False):
     """``fn(*args)`` (``fn(*args, nthr)`` with pass_threads) on tblock's thread count, one
     caller at a time.  Numba's thread count is thread-local, so it is set here, in the
@@ -310,8 +355,8 @@ def _forward_trace(H, weights, cfg):
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel for float32 and float64: the
     serial and the parallel block, without and with a KV cache (a stack's decode step
-    among them), the trace path and tblock.GPT2's vocabulary head, so no later call
-    compiles."""
+    among them), the trace path, tblock.GPT2's vocabulary head and its prepared decode
+    step, so no later call compiles."""
     from ..weights import init_weights
     cfg = BlockConfig(d_model=8, n_heads=2)
     for dtype in (np.float32, np.float64):
@@ -329,6 +374,7 @@ def warmup() -> None:
             parallel_call(cached_parallel, *cached, pass_threads=True)
         forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included
         _warm_head(dtype)
+        _warm_decode(dtype)
 
 
 def _warm_head(dtype):
@@ -343,6 +389,15 @@ def _warm_head(dtype):
     head_serial(*args, 1)
     if not _runtime._serial_only:
         parallel_call(head_parallel, *args, pass_threads=True)
+
+
+def _warm_decode(dtype):
+    """tblock.GPT2's prepared decode step (kernels.decode), through a tiny model's steps."""
+    from ..gpt2 import GPT2
+    model = GPT2.from_config(vocab_size=8, n_positions=4, n_embd=8, n_layer=2, n_head=2, seed=0, dtype=dtype)
+    cache = model.make_cache(4)
+    for t in range(3):                  # the prompt, a checked step, a prepared one
+        model.next_logits(np.arange(t, t + 1 + (t == 0)), cache)
 
 
 # ----------------------------------------------------------------------------- components

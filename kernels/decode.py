@@ -1,0 +1,62 @@
+"""A language model's decode step in one call: embedding, the stack over its caches, LN_f, head.
+
+One new token per sequence goes through
+
+    h_0    = E[id] + P[past]                      its embedding at the next position
+    h_l    = Block_l(h_{l-1}; cache_l), l = 1..n  the stack, each block over its KV cache
+    logits = LN_f(h_n) @ E^T                      the tied vocabulary head, one row a sequence
+
+in one crossing from Python into compiled code.  A step streams every weight once (~0.5 GB
+at GPT-2 small's size) and leaves the host's caches cold for the Python around it, so each
+Python step a decode loop takes costs several times its warm price; tblock.GPT2's prepared
+step (tblock.backends.numba.DecodeStep) checks a cache list once and then calls only this.
+
+The stack is kernels.block's cached build and the head kernels.lm_head's, reached through
+their addresses (both are standalone kernels), so this body compiles in moments and the
+step's sums are exactly those of the two calls made one after the other.
+"""
+
+from __future__ import annotations
+
+from .block import cached_parallel, cached_serial
+from .lm_head import head_parallel, head_serial
+from .options import kernel
+
+
+@kernel(readonly=("ids", "E", "P", "Wf", "ln_f", "Ep"))
+def decode_step(ids, E, P, H, Wf, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan,
+                work, ln_f, eps_f, Ep, vocab, logits, parallel_stack, parallel_head, nthr):
+    """logits (B * vocab, flat) of the tokens ids (B,) at position ``past`` after the
+    tokens the caches hold; -1, or what went wrong (nothing written to ``logits`` then):
+
+        b >= 0         ids[b] is not a token id in [0, E.shape[0])
+        -2 - i         block i's input holds a NaN or an Inf (the caches' lengths are the
+                       caller's: the keys and values written past them are unused)
+
+    E (vocab, d), P (positions, d): token and position embeddings; H: (B, 1, d) room for
+    h_0; Wf ... work: kernels.block._cached's arguments for T = 1 (layers: the table of
+    every block's weights and caches); ln_f = [gamma | beta] (2d); Ep: E packed for the
+    head (lm_head.pack_head).  parallel_stack, parallel_head: which build of each runs
+    (the caller decides as it would for the two calls; a serial one is sized for one
+    thread, as there); nthr: the threads of the parallel ones."""
+    B = ids.size
+    for b in range(B):
+        if ids[b] < 0 or ids[b] >= E.shape[0]:
+            return b
+    for b in range(B):
+        for j in range(d):
+            H[b, 0, j] = E[ids[b], j] + P[past, j]
+    if parallel_stack:
+        out3, bad = cached_parallel(H, Wf, 1, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T,
+                                    layers, plan, work, nthr)
+    else:
+        out3, bad = cached_serial(H, Wf, 1, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T,
+                                  layers, plan, work, 1)
+    if bad >= 0:
+        return -2 - bad
+    X = out3.reshape(out3.size)         # h_n, (B * d,): scratch of work, LN_f goes over it
+    if parallel_head:
+        head_parallel(X, B, d, ln_f, eps_f, Ep, vocab, logits, True, nthr)
+    else:
+        head_serial(X, B, d, ln_f, eps_f, Ep, vocab, logits, True, 1)
+    return -1
