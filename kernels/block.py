@@ -55,7 +55,7 @@ from numba import prange
 from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16,
                      weight_layout)
 from .isa import MR
-from .options import borrowed, borrowed_at, claim, keep_alive, kernel, serial_and_parallel
+from .options import borrowed, borrowed_at, claim, finished, keep_alive, kernel, serial_and_parallel, wait_for
 from .simd import panel_lanes
 from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
                      attention_work, cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task,
@@ -87,8 +87,13 @@ def attention_core(qkv, T, d, n_heads, causal):
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
 LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
 OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
-PLAN_ROWS = 5       # stages of a half at most: the stage plan is (PLAN_ROWS, PLAN_COLS) intp:
-PLAN_COLS = 4       # stage, number of tasks, the next task of each half (next_task)
+# The stage plan is (PLAN_ROWS, PLAN_COLS) intp: a row per stage, the attention half's
+# from row 0, the output half's from row HALF (5 stages a half at most); its columns: the
+# stage, its number of tasks, the next task of each half (next_task), tasks finished
+# (finished, wait_for: a decode step's one parallel region)
+HALF = 5
+PLAN_ROWS = 2 * HALF
+PLAN_COLS = 5
 
 
 @kernel(internal=True)
@@ -195,13 +200,12 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     its output (B, T, d): dest when it is not empty (rows * d elements); else with a work
     buffer (work_len elements, few keys; empty: none) output buffer ``slot`` (0 or 1) of
     it, every scratch buffer taken from it too; else a new array.  plan: (PLAN_ROWS,
-    PLAN_COLS) intp, room for a half's stages, in order.  Both callers call the one build
-    (one_block_serial, one_block_parallel): the body with its two parallel loops is
-    compiled once."""
+    PLAN_COLS) intp, room for the stage plan.  Both callers call the one build
+    (one_block_serial, one_block_parallel): the body with its parallel loops is compiled
+    once."""
     NR = panel_lanes(Wf)
     rows = H.size // d
     nseq = rows // T
-    dt = H.dtype
     extend = past > 0                   # the new rows attend over cached tokens too
     direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
     arena = work.size > 0
@@ -260,6 +264,35 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
+    if halves == 2:
+        # a decode step: both halves in one parallel region, its stages apart by
+        # finished-task counts (wait_for) instead of a region each (~3.5 us of start and
+        # join a stage, docs/perf-log.md); every buffer is set out before it
+        out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot,
+                                                              dest)
+        outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
+        for s in range(PLAN_ROWS):
+            plan[s, 2] = plan[s, 3] = plan[s, 4] = 0
+        for w in prange(nthr):
+            for s in range(n):
+                t = next_task(plan, s, w, halves, nthr)
+                while t < plan[s, 1]:
+                    attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc,
+                                          groups, ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past,
+                                          max_T, wb, a_pos)
+                    finished(plan, s, 4, nthr)
+                    t = next_task(plan, s, w, halves, nthr)
+                wait_for(plan, s, 4, plan[s, 1])
+            for s in range(HALF, n2):
+                t = next_task(plan, s, w, halves, nthr)
+                while t < plan[s, 1]:
+                    output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc2, groups2,
+                                       mf, outb, xnb, hidb, ldh)
+                    finished(plan, s, 4, nthr)
+                    t = next_task(plan, s, w, halves, nthr)
+                wait_for(plan, s, 4, plan[s, 1])
+        keep_alive(X, kt, vp, srow, q, out, xn, hid, plan, work)
+        return out.reshape((nseq, T, d))
     for s in range(n):
         plan[s, 2] = plan[s, 3] = 0
         for w in prange(min(nthr, plan[s, 1])):
@@ -271,38 +304,11 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(X, kt, vp, srow)
 
-    # 3. out = H + out_concat @ W_O + b_o  (out_concat sits in the Q columns of q).  The
-    # output is allocated only now, after the packed K and V are freed: at d_model=768,
-    # T=4096 that keeps 12 MiB off the peak
-    if dest.size > 0:
-        out = dest
-    else:
-        out, _ = take(work, pos + slot * up16(rows * d), rows * d)
-    pos += 2 * up16(rows * d)
-    out3 = out.reshape((nseq, T, d))
-    npo = panels(d, NR)
-    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
-    n = plan_stage(plan, 0, OUT_PROJ, ntasks)
-    # 4. FFN
-    mf = rows_per_task(rows, MF, nthr)
-    ldh = dff + 64 // Wf.itemsize          # a cache line past 4 KiB multiples (ffn_tile)
-    if (nthr > 1 and rows <= MF * nthr) or arena:
-        # few rows for the threads: LN, then the hidden layer whole, in two GEMM stages
-        # split by columns (ffn_up_task, ffn_down_task), each weight streamed by one thread
-        # (with a work buffer on one thread too: the row tiles' hidden chunk is a task's own)
-        xn, pos = take(work, pos, rows * d)
-        hid, pos = take(work, pos, rows * ldh)
-        n = plan_stage(plan, n, FFN_IN, nthr)
-        n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
-        n = plan_stage(plan, n, FFN_DOWN, npo)
-        if not pre_ln:
-            n = plan_stage(plan, n, LN_POST, nthr)
-    else:
-        # per row tile, residual and LayerNorms fused (ffn_rows_task)
-        xn = hid = np.empty(0, dtype=dt)
-        n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
+    # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
+    # are freed: at d_model=768, T=4096 that keeps 12 MiB off the peak
+    out, xn, hid, ldh, mc, groups, mf, n2 = output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest)
     outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
-    for s in range(n):
+    for s in range(HALF, n2):
         plan[s, 2] = plan[s, 3] = 0
         for w in prange(min(nthr, plan[s, 1])):
             t = next_task(plan, s, w, halves, nthr)
@@ -311,7 +317,45 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
                                    mf, outb, xnb, hidb, ldh)
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(q, out, xn, hid, plan, work)
-    return out3
+    return out.reshape((nseq, T, d))
+
+
+@kernel(internal=True, inline="always")
+def output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest):
+    """The output half of _one_block (stages 3-4) planned into plan's rows HALF..: (out,
+    xn, hid, ldh, mc, groups, mf, the row after its last stage).  pos: the work buffer's
+    first position past the attention half's scratch.
+
+    3. out = H + out_concat @ W_O + b_o (out_concat sits in the Q columns of q): out is
+       dest when it is not empty, else output buffer ``slot`` of work (a new array
+       without one).
+    4. the FFN: with few rows for the threads (or a work buffer), LN into xn, then the
+       hidden layer hid (rows, ldh) whole, in two GEMM stages split by columns
+       (ffn_up_task, ffn_down_task), each weight streamed by one thread (with a work
+       buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
+       row tile of mf rows, residual and LayerNorms fused (ffn_rows_task)."""
+    if dest.size > 0:
+        out = dest
+    else:
+        out, _ = take(work, pos + slot * up16(rows * d), rows * d)
+    pos += 2 * up16(rows * d)
+    npo = panels(d, NR)
+    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
+    n = plan_stage(plan, HALF, OUT_PROJ, ntasks)
+    mf = rows_per_task(rows, MF, nthr)
+    ldh = dff + 64 // work.itemsize         # a cache line past 4 KiB multiples (ffn_tile)
+    if (nthr > 1 and rows <= MF * nthr) or work.size > 0:
+        xn, pos = take(work, pos, rows * d)
+        hid, pos = take(work, pos, rows * ldh)
+        n = plan_stage(plan, n, FFN_IN, nthr)
+        n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
+        n = plan_stage(plan, n, FFN_DOWN, npo)
+        if not pre_ln:
+            n = plan_stage(plan, n, LN_POST, nthr)
+    else:
+        xn = hid = np.empty(0, dtype=work.dtype)
+        n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
+    return out, xn, hid, ldh, mc, groups, mf, n
 
 
 one_block_serial, one_block_parallel = serial_and_parallel(_one_block, "one_block", internal=True, standalone=True,

@@ -6,6 +6,7 @@ import importlib
 import types as pytypes
 
 import llvmlite.binding as llvm
+import llvmlite.ir as llvmir
 from numba.core import cgutils, imputils, types
 from numba.core.base import OverloadSelector
 from numba.core.errors import TypingError
@@ -230,6 +231,20 @@ def borrowed_at(typingctx, like, address, n):
     return view(like, address, n), codegen
 
 
+def _plan_cell(context, builder, sig, args):
+    """A pointer to plan[s, col] (plan: a 2-D intp array; s, col: integers)."""
+    ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+    row = context.cast(builder, args[1], sig.args[1], types.intp)
+    column = context.cast(builder, args[2], sig.args[2], types.intp)
+    return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [row, column])
+
+
+def _counter_args(plan, *ints):
+    """Whether an intrinsic's arguments are a writable 2-D intp plan and integers."""
+    return (isinstance(plan, types.Array) and plan.dtype == types.intp and plan.ndim == 2 and plan.mutable
+            and all(isinstance(i, types.Integer) for i in ints))
+
+
 @intrinsic
 def claim(typingctx, plan, s, col, nthr):
     """The next task from the counter plan[s, col]: its value, then incremented (plan an
@@ -237,16 +252,11 @@ def claim(typingctx, plan, s, col, nthr):
     prange statically, half the iterations to each of two threads whatever they cost;
     threads that claim tasks one at a time from a shared counter balance themselves.  One
     thread just counts (an atomic costs ~20 cycles, and the toy block runs a dozen tasks)."""
-    if not (isinstance(plan, types.Array) and plan.dtype == types.intp and plan.ndim == 2 and plan.mutable
-            and isinstance(s, types.Integer) and isinstance(col, types.Integer)
-            and isinstance(nthr, types.Integer)):
+    if not _counter_args(plan, s, col, nthr):
         raise TypingError(f"claim: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-        row = context.cast(builder, args[1], sig.args[1], types.intp)
-        column = context.cast(builder, args[2], sig.args[2], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [row, column])
+        ptr = _plan_cell(context, builder, sig, args)
         one = context.get_constant(types.intp, 1)
         many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
         with builder.if_else(many) as (atomic, plain):
@@ -262,3 +272,66 @@ def claim(typingctx, plan, s, col, nthr):
         t.add_incoming(alone, plain_block)
         return t
     return types.intp(plan, s, col, nthr), codegen
+
+
+@intrinsic
+def finished(typingctx, plan, s, col, nthr):
+    """Count one more finished task of stage s in plan[s, col], atomically and with
+    release order when nthr > 1: what the task wrote is visible to a thread that sees
+    the count (wait_for)."""
+    if not _counter_args(plan, s, col, nthr):
+        raise TypingError(f"finished: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
+
+    def codegen(context, builder, sig, args):
+        ptr = _plan_cell(context, builder, sig, args)
+        one = context.get_constant(types.intp, 1)
+        many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
+        with builder.if_else(many) as (atomic, plain):
+            with atomic:
+                builder.atomic_rmw("add", ptr, one, "acq_rel")
+            with plain:
+                builder.store(builder.add(builder.load(ptr), one), ptr)
+        return context.get_dummy_value()
+    return types.none(plan, s, col, nthr), codegen
+
+
+def _spin_hint(builder):
+    """The CPU's hint that this is a spin-wait loop (x86 pause, AArch64 yield), if it has one."""
+    arch = llvm.get_process_triple().split("-")[0]
+    if arch in ("x86_64", "i386", "i686"):
+        fn = cgutils.get_or_insert_function(builder.module, llvmir.FunctionType(llvmir.VoidType(), []),
+                                            "llvm.x86.sse2.pause")
+        builder.call(fn, [])
+    elif arch in ("aarch64", "arm64"):
+        fn = cgutils.get_or_insert_function(builder.module, llvmir.FunctionType(llvmir.VoidType(),
+                                                                                 [llvmir.IntType(32)]),
+                                            "llvm.aarch64.hint")
+        builder.call(fn, [llvmir.Constant(llvmir.IntType(32), 1)])
+
+
+@intrinsic
+def wait_for(typingctx, plan, s, col, n):
+    """Spin until plan[s, col] (a finished() count) reaches n, reading it with acquire
+    order: the tasks' writes are then visible.  Within one parallel region, this is the
+    barrier between a stage and the next; it waits for tasks, not for threads, so a
+    region whose iterations one thread runs in turn (it then claims every task itself)
+    cannot deadlock."""
+    if not _counter_args(plan, s, col, n):
+        raise TypingError(f"wait_for: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {n}")
+
+    def codegen(context, builder, sig, args):
+        ptr = _plan_cell(context, builder, sig, args)
+        target = context.cast(builder, args[3], sig.args[3], types.intp)
+        spin = builder.append_basic_block("wait_for.spin")
+        check = builder.append_basic_block("wait_for.check")
+        done = builder.append_basic_block("wait_for.done")
+        builder.branch(check)
+        builder.position_at_end(spin)
+        _spin_hint(builder)
+        builder.branch(check)
+        builder.position_at_end(check)
+        count = builder.load_atomic(ptr, "acquire", context.get_abi_sizeof(context.get_value_type(types.intp)))
+        builder.cbranch(builder.icmp_signed(">=", count, target), done, spin)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.none(plan, s, col, n), codegen

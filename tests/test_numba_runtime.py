@@ -293,6 +293,71 @@ def test_next_task_hands_out_each_task_once_by_halves():
     assert list(order(9, 0)) == list(range(9))
 
 
+_STAGES_IN_ONE_REGION = r"""
+import numba, numpy as np, tblock
+from numba import prange
+from tblock.kernels.block import PLAN_COLS, next_task
+from tblock.kernels.options import finished, kernel, wait_for
+
+@kernel(parallel=True, cache=False)     # cache=False: Numba caches no code from a -c string
+def run(n, workers, nthr):
+    # three stages in one region; each task of a stage reads everything the stage before wrote
+    plan = np.zeros((3, PLAN_COLS), dtype=np.intp)
+    plan[:, 1] = n
+    a = np.zeros((4, n), dtype=np.intp)
+    a[0] = 1
+    for w in prange(workers):
+        for s in range(3):
+            t = next_task(plan, s, w, 2, nthr)
+            while t < n:
+                a[s + 1, t] = a[s].sum() + t
+                finished(plan, s, 4, nthr)
+                t = next_task(plan, s, w, 2, nthr)
+            wait_for(plan, s, 4, n)
+    return a[3]
+
+def want(n):
+    a = np.ones(n, dtype=np.intp)
+    for _ in range(3):
+        a = a.sum() + np.arange(n)
+    return a
+
+ok = []
+for threads, n, workers in ((2, 1000, 2), (2, 7, 2), (2, 3, 5), (1, 50, 2), (1, 1, 3)):
+    numba.set_num_threads(threads)      # 1: one thread runs every iteration in turn
+    ok.append(bool((run(n, workers, 2) == want(n)).all()))
+
+# a decode step's block (one region, kernels.block) on a pool of one thread: the same output
+from tblock.backends import numba as nb
+cfg = tblock.BlockConfig(d_model=64, n_heads=4, causal=True)
+w = tblock.init_weights(cfg, 0)
+outs = []
+for threads in (2, 1):
+    cache = tblock.KVCache(cfg, 8)
+    H = np.random.default_rng(1).standard_normal((1, 5, 64)).astype(np.float32)
+    tblock.forward(H, w, cfg, cache=cache)
+    H1 = np.random.default_rng(2).standard_normal((1, 1, 64)).astype(np.float32)
+    H1.flags.writeable = False
+    numba.set_num_threads(threads)
+    args = (H1, nb._packed(w, np.float32), 1, 64) + nb._plan(w, cfg, np.float32)[2] + nb._cache_args(cache, nb.ONE_BLOCK)
+    outs.append(nb.cached_parallel(*args, 2)[0].copy())
+ok.append(bool(np.array_equal(outs[0], outs[1])))
+print(ok)
+"""
+
+
+def test_stages_of_one_region_wait_for_tasks_not_threads():
+    """kernels.options.finished / wait_for, the barrier between the stages of a decode
+    step's one parallel region: every task of a stage sees every write of the stage
+    before, with more iterations than threads, and with a pool of one thread running the
+    iterations in turn (it claims every task itself, so waiting for tasks cannot
+    deadlock); and the block's decode step gives the same output on such a pool."""
+    p = subprocess.run([sys.executable, "-c", _STAGES_IN_ONE_REGION], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NUMBA_NUM_THREADS": "2"})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["[True,"] + ["True,"] * 4 + ["True]"]
+
+
 _BOUNDS_CHECKED = r"""
 import numpy as np, tblock
 worst = 0.0
