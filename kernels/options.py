@@ -245,6 +245,26 @@ def _counter_args(plan, *ints):
             and all(isinstance(i, types.Integer) for i in ints))
 
 
+def _increment(context, builder, sig, args, ordering):
+    """plan[s, col] += 1 for the arguments (plan, s, col, nthr): atomically with ``ordering``
+    when nthr > 1, plainly for one thread; the value before."""
+    ptr = _plan_cell(context, builder, sig, args)
+    one = context.get_constant(types.intp, 1)
+    many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
+    with builder.if_else(many) as (atomic, plain):
+        with atomic:
+            shared = builder.atomic_rmw("add", ptr, one, ordering)
+            atomic_block = builder.block
+        with plain:
+            alone = builder.load(ptr)
+            builder.store(builder.add(alone, one), ptr)
+            plain_block = builder.block
+    before = builder.phi(shared.type)
+    before.add_incoming(shared, atomic_block)
+    before.add_incoming(alone, plain_block)
+    return before
+
+
 @intrinsic
 def claim(typingctx, plan, s, col, nthr):
     """The next task from the counter plan[s, col]: its value, then incremented (plan an
@@ -256,21 +276,7 @@ def claim(typingctx, plan, s, col, nthr):
         raise TypingError(f"claim: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
 
     def codegen(context, builder, sig, args):
-        ptr = _plan_cell(context, builder, sig, args)
-        one = context.get_constant(types.intp, 1)
-        many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
-        with builder.if_else(many) as (atomic, plain):
-            with atomic:
-                shared = builder.atomic_rmw("add", ptr, one, "monotonic")
-                atomic_block = builder.block
-            with plain:
-                alone = builder.load(ptr)
-                builder.store(builder.add(alone, one), ptr)
-                plain_block = builder.block
-        t = builder.phi(shared.type)
-        t.add_incoming(shared, atomic_block)
-        t.add_incoming(alone, plain_block)
-        return t
+        return _increment(context, builder, sig, args, "monotonic")
     return types.intp(plan, s, col, nthr), codegen
 
 
@@ -283,14 +289,7 @@ def finished(typingctx, plan, s, col, nthr):
         raise TypingError(f"finished: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
 
     def codegen(context, builder, sig, args):
-        ptr = _plan_cell(context, builder, sig, args)
-        one = context.get_constant(types.intp, 1)
-        many = builder.icmp_signed(">", context.cast(builder, args[3], sig.args[3], types.intp), one)
-        with builder.if_else(many) as (atomic, plain):
-            with atomic:
-                builder.atomic_rmw("add", ptr, one, "acq_rel")
-            with plain:
-                builder.store(builder.add(builder.load(ptr), one), ptr)
+        _increment(context, builder, sig, args, "acq_rel")
         return context.get_dummy_value()
     return types.none(plan, s, col, nthr), codegen
 
