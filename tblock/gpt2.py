@@ -19,7 +19,10 @@ a parallel GEMM over wte packed once into the micro-kernel's panels.
 Generation (``generate``, ``stream``): the prompt goes through the blocks as one chunk,
 filling a KVCache per block, then each new token is one cached step: its embedding at
 the next position, the 12 blocks over the cache, and the head on that one row (a GEMV
-over wte).  The next token is the argmax (temperature 0) or a draw from
+over wte).  On the numba backend a step after the first with the same caches is one
+compiled call (``tblock.kernels.decode``), its arguments prepared once per list of
+caches: a model is fixed once made (its arrays are read-only, and the packed head and
+the prepared step are built from them once).  The next token is the argmax (temperature 0) or a draw from
 ``next_token_probs`` (temperature, then top-k, then top-p, as transformers orders them).
 
 Checkpoint names (``transformer.`` prefix optional).  GPT-2's Conv1D stores its weight as
@@ -545,7 +548,9 @@ class GPT2:
         """The logits after the last of the new tokens ``ids`` only: (vocab,) for ids (T_new,),
         (B, vocab) for (B, T_new).  As ``model(ids, cache=cache)[..., -1, :]``, with the head
         run on that one row (a GEMV over wte).  ``out``: a (B, vocab) array of the model's
-        dtype to write them into, so a decoding loop allocates none per token."""
+        dtype to write them into, so a decoding loop allocates none per token.  One token
+        a sequence with the caches of the previous such call: one compiled call
+        (_step_logits); otherwise, or on any error, the checked path."""
         logits = self._step_logits(ids, cache, backend, out)
         if logits is not None:
             return logits
