@@ -21,6 +21,7 @@ nothing (the API did) and only prepares weights and dispatches.
                 without a KV cache, and the attention on its own (attention_core) for the
                 component timings
     lm_head     LN_f and a language model's vocabulary head over the packed tied embedding
+    decode      a language model's decode step in one call: embedding, the cached stack, head
 
 Numba's cache is one directory per vector path, and any edit to a module of this package
 invalidates all of it (``cache``): the kernels inline code from their siblings.
