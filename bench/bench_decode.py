@@ -25,7 +25,9 @@ loaded with GPT2.from_pretrained (numba backend).  Measured, in one run:
                    "in rounds": the same read of the weights' bytes (tblock.perf.peak.read_pass)
                    timed in the decode point's own interleaved rounds, its median: the floor
                    under the bandwidth the step itself met (a shared host's swings by a
-                   third between moments).
+                   third between moments).  And "paired": the median of 40 (or --min-reps) ratios of one
+                   step to one such read made right beside it (tblock.perf.paired, the
+                   order alternating), the floor at the step's own moments.
   prefill          P tokens into empty caches, logits of the last row only (tblock:
                    next_logits; transformers: model(ids, use_cache=True, logits_to_keep=1)).
   memory           the caches' bytes against 2 * n_layer * T * d * 4 (T = n_positions), their
@@ -93,6 +95,9 @@ def hf_step_fn(hf, cache_kw: str):
     return make
 
 
+PAIRS = 40      # a step and a read of the weights' bytes side by side, this many times
+
+
 def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, read_floor, budget_s, min_reps) -> dict:
     ids = np.random.default_rng(L).integers(0, hf.config.vocab_size, (1, L))
     import torch
@@ -125,11 +130,14 @@ def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, read_floor, bud
                               "tblock head": head, "read the weights' bytes": read_floor}, min_reps, budget_s)
     med = {n: float(np.median(ts)) for n, ts in times.items()}
     in_rounds = med["read the weights' bytes"]
+    pairs = np.array(perf.paired(step, read_floor, max(min_reps, PAIRS)))     # (n, 2): step, read
     return {"context": L, "max_rel_err": err, "median_s": med, "best_s": {n: min(ts) for n, ts in times.items()},
             "reps": {n: len(ts) for n, ts in times.items()}, "first_calls_s": first,
             "ratio": med["tblock"] / med["transformers"], "floor_s": floor_s, "over_floor": med["tblock"] / floor_s,
             "floor_kv_s": kv_floor_s, "over_floor_kv": med["tblock"] / kv_floor_s,
-            "floor_in_rounds_s": in_rounds, "over_floor_in_rounds": med["tblock"] / in_rounds}
+            "floor_in_rounds_s": in_rounds, "over_floor_in_rounds": med["tblock"] / in_rounds,
+            "paired_s": pairs.tolist(), "over_floor_paired": float(np.median(pairs[:, 0] / pairs[:, 1])),
+            "over_floor_paired_iqr": np.percentile(pairs[:, 0] / pairs[:, 1], [25, 75]).tolist()}
 
 
 def prefill_point(hf, ours, P, budget_s, min_reps) -> dict:
@@ -229,7 +237,8 @@ def main(argv=None):
     make_hf_step = hf_step_fn(hf, cache_kw)
     d, n_layer = args.model["n_embd"], args.model["n_layer"]
     print(f"{'context':>7} {'tblock':>9} {'blocks':>8} {'head':>7} {'transformers':>13} {'ratio':>6} "
-          f"{'floor':>8} {'x floor':>7} {'+KV floor':>9} {'x':>5} {'in rounds':>9} {'x':>5} {'rel err':>8}")
+          f"{'floor':>8} {'x floor':>7} {'+KV floor':>9} {'x':>5} {'in rounds':>9} {'x':>5} {'x paired':>8} "
+          f"{'rel err':>8}")
     results["decode"] = []
     for L in args.contexts:
         kv_floor = (wb["total"] + 2 * n_layer * L * d * 4) / read
@@ -239,7 +248,7 @@ def main(argv=None):
         print(f"{L:>7} {m['tblock'] * 1e3:>6.2f} ms {m['tblock blocks'] * 1e3:>5.2f} ms {m['tblock head'] * 1e3:>4.2f} ms "
               f"{m['transformers'] * 1e3:>10.2f} ms {r['ratio']:>6.2f} {floor * 1e3:>5.2f} ms {r['over_floor']:>7.2f} "
               f"{kv_floor * 1e3:>6.2f} ms {r['over_floor_kv']:>5.2f} {r['floor_in_rounds_s'] * 1e3:>6.2f} ms "
-              f"{r['over_floor_in_rounds']:>5.2f} {r['max_rel_err']:>8.1e}", flush=True)
+              f"{r['over_floor_in_rounds']:>5.2f} {r['over_floor_paired']:>8.2f} {r['max_rel_err']:>8.1e}", flush=True)
 
     r = results["prefill"] = prefill_point(hf, ours, args.prefill, args.budget, args.min_reps)
     m = r["median_s"]

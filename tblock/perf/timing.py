@@ -78,6 +78,25 @@ def interleaved(fns, min_reps, budget_s, max_reps=200):
                 times[name].append((time.perf_counter() - t) / inner[name])
 
 
+def paired(a, b, n):
+    """n pairs (seconds of one call of a, seconds of one call of b), the two calls side by
+    side, in alternating order (a b, b a, ...): a ratio of a to b at the same moments, where
+    a shared host's speed moves between interleaved()'s blocks (its memory bandwidth by a
+    third within minutes).  For calls of milliseconds and up, a call a sample."""
+    a()
+    b()
+    pairs = []
+    for i in range(n):
+        first, second = (a, b) if i % 2 == 0 else (b, a)
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        t2 = time.perf_counter()
+        pairs.append((t1 - t0, t2 - t1) if i % 2 == 0 else (t2 - t1, t1 - t0))
+    return pairs
+
+
 def t_grid(d_model: int, top: int, per_doubling: int = 1, lo: int | None = None, hi: int | None = None) -> list[int]:
     """Geometric T from d_model/8 to ``top`` d_model, ``per_doubling`` points per doubling;
     the points land on d_model * 2^k, so 4 d_model and 8 d_model, the FLOP model's

@@ -110,4 +110,5 @@ def test_decode_benchmark_script_runs(tmp_path):
     r = json.loads(out.read_text())
     assert [p["context"] for p in r["decode"]] == [5, 9]
     assert all(p["max_rel_err"] <= 1e-5 and p["median_s"]["tblock"] > 0 for p in r["decode"])
+    assert all(len(p["paired_s"]) == bench.PAIRS and p["over_floor_paired"] > 0 for p in r["decode"])
     assert r["bandwidth"]["read_GBs"] > 0 and r["memory"]["cache_bytes"] == r["memory"]["cache_bytes_expected"]
