@@ -32,7 +32,9 @@ compile short.  Each thread claims the stage's tasks one at a time from a shared
 OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
 one by one (each head's costly query tiles first) they balance the cores.  With one row
 tile (a decode step, where every stage streams weights) the tasks are two halves with a
-counter each, so each thread streams a run of neighbouring panels (next_task).
+counter each, so each thread streams a run of neighbouring panels (next_task), and the
+whole block is one parallel region whose stages wait for the count of the previous
+stage's finished tasks (options.finished, options.wait_for).
 ``block_serial`` is the same code compiled without prange, for sizes where launching a
 parallel region costs more than the work (the lesson's toy block); it writes into an
 output its caller made (handing a Numba array back to Python costs more).  A stack of blocks
@@ -266,8 +268,9 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     halves = 2 if rows <= MR and nthr > 1 else 1
     if halves == 2:
         # a decode step: both halves in one parallel region, its stages apart by
-        # finished-task counts (wait_for) instead of a region each (~3.5 us of start and
-        # join a stage, docs/perf-log.md); every buffer is set out before it
+        # finished-task counts (wait_for), not a region each, whose start and join cost
+        # a visible part of a stage this short (docs/perf-log.md); every buffer is set
+        # out before the region
         out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot,
                                                               dest)
         outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
