@@ -25,9 +25,10 @@ loaded with GPT2.from_pretrained (numba backend).  Measured, in one run:
                    "in rounds": the same read of the weights' bytes (tblock.perf.peak.read_pass)
                    timed in the decode point's own interleaved rounds, its median: the floor
                    under the bandwidth the step itself met (a shared host's swings by a
-                   third between moments).  And "paired": the median of 40 (or --min-reps) ratios of one
-                   step to one such read made right beside it (tblock.perf.paired, the
-                   order alternating), the floor at the step's own moments.
+                   third between moments).  And "paired": the median of 40 (or
+                   --min-reps) ratios of one step to one such read made right beside it
+                   (tblock.perf.paired, the order alternating): the floor at the step's own
+                   moments.
   prefill          P tokens into empty caches, logits of the last row only (tblock:
                    next_logits; transformers: model(ids, use_cache=True, logits_to_keep=1)).
   memory           the caches' bytes against 2 * n_layer * T * d * 4 (T = n_positions), their
@@ -131,13 +132,14 @@ def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, read_floor, bud
     med = {n: float(np.median(ts)) for n, ts in times.items()}
     in_rounds = med["read the weights' bytes"]
     pairs = np.array(perf.paired(step, read_floor, max(min_reps, PAIRS)))     # (n, 2): step, read
+    paired = pairs[:, 0] / pairs[:, 1]
     return {"context": L, "max_rel_err": err, "median_s": med, "best_s": {n: min(ts) for n, ts in times.items()},
             "reps": {n: len(ts) for n, ts in times.items()}, "first_calls_s": first,
             "ratio": med["tblock"] / med["transformers"], "floor_s": floor_s, "over_floor": med["tblock"] / floor_s,
             "floor_kv_s": kv_floor_s, "over_floor_kv": med["tblock"] / kv_floor_s,
             "floor_in_rounds_s": in_rounds, "over_floor_in_rounds": med["tblock"] / in_rounds,
-            "paired_s": pairs.tolist(), "over_floor_paired": float(np.median(pairs[:, 0] / pairs[:, 1])),
-            "over_floor_paired_iqr": np.percentile(pairs[:, 0] / pairs[:, 1], [25, 75]).tolist()}
+            "paired_s": pairs.tolist(), "over_floor_paired": float(np.median(paired)),
+            "over_floor_paired_iqr": np.percentile(paired, [25, 75]).tolist()}
 
 
 def prefill_point(hf, ours, P, budget_s, min_reps) -> dict:
