@@ -590,11 +590,14 @@ class GPT2:
         B = step.batch
         if ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None):
             return None
-        past = step.caches[0]._length
+        for mine, theirs in zip(step.caches, cache):
+            if mine() is not theirs:
+                return None
+        past = cache[0]._length
         if past + 1 > step.max_T or past + 1 > self.config.n_positions:
             return None
-        for mine, theirs in zip(step.caches, cache):
-            if mine is not theirs or mine._length != past:
+        for c in cache:
+            if c._length != past:
                 return None
         if out is None:
             out = np.empty((B, step.vocab), dtype=self.dtype)
@@ -602,7 +605,7 @@ class GPT2:
               or not out.flags.c_contiguous or not out.flags.writeable):
             return None
         step.ids[:] = ids.reshape(B)        # a token id past int64 wraps negative: refused in the step
-        if step(past, out.reshape(B * step.vocab)) != -1:
+        if step(cache[0], past, out.reshape(B * step.vocab)) != -1:
             return None
         for c in cache:
             c._length = past + 1

@@ -123,7 +123,7 @@ def test_prepared_steps_equal_the_checked_path(shape, B, dtype):
     for t in range(5, 30):
         model._prepare_step(fast)
         got = model.next_logits(ids[:, t:t + 1], fast)
-        assert model._step.caches == tuple(fast)           # it ran as the prepared step
+        assert [c() for c in model._step.caches] == fast    # it ran as the prepared step
         assert np.array_equal(got, checked_logits(model, ids[:, t:t + 1], slow)), t
         assert [c.length for c in fast] == [c.length for c in slow] == [t + 1] * shape["n_layer"]
 
@@ -185,6 +185,24 @@ def test_prepared_step_is_for_its_own_caches(model):
     model.next_logits(np.array([3]), cache)                 # prepared for cache
     got = model.next_logits(np.array([1]), swapped)
     assert np.array_equal(got, checked_logits(model, np.array([1]), swapped_twin))
+
+
+def test_a_prepared_step_does_not_keep_its_caches(model):
+    """The model holds its last prepared step, not the caches it was made for: a dropped
+    list of caches is freed (generate's, ~2 * n_layer * T * d values)."""
+    import gc
+    import weakref
+    cache = model.make_cache(8)
+    model.next_logits(np.arange(3), cache)
+    model.next_logits(np.array([3]), cache)                 # prepared
+    model.next_logits(np.array([4]), cache)                 # run prepared
+    refs = [weakref.ref(c) for c in cache]
+    del cache
+    gc.collect()
+    assert all(r() is None for r in refs)
+    fresh = model.make_cache(8)                             # a new list may reuse their addresses
+    model.next_logits(np.arange(5), fresh)
+    assert rel_err(model.next_logits(np.array([5]), fresh), model(np.arange(6))[-1]) < 1e-5
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in add")     # the checked path's embedding

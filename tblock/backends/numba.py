@@ -21,6 +21,7 @@ it computes the same sums in the same order.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -231,27 +232,34 @@ class DecodeStep:
         c0 = caches[0]
         dtype, B, d = c0.dtype, c0.batch, cfg.d_model
         _, flat, scalars, self.per_row, self.per_key = _plan(blocks[0], cfg, dtype)
-        # the compiled stack reaches block i's arrays through their addresses (kernels.block);
-        # self.blocks and self.caches hold them alive
+        # the compiled stack reaches block i's arrays through their addresses (kernels.block):
+        # self.blocks holds the weights alive, the caller's list the caches during a call;
+        # the step holds the caches weakly (a dropped list's memory is freed, and its step
+        # no longer matches any list)
         layers = np.array([(_packed_address(w, dtype),) + c.addresses() for w, c in zip(blocks, caches)],
                           dtype=np.intp)
-        self.blocks, self.caches, self.max_T, self.batch = tuple(blocks), tuple(caches), c0.max_T, B
+        self.blocks, self.max_T, self.batch = tuple(blocks), c0.max_T, B
+        self.caches = tuple(weakref.ref(c) for c in caches)
         self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
         self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
         self.vocab = E.shape[0]
         self.head_parallel = head_parallel
-        self._before = (self.ids, E, P, self.H, flat, d) + scalars + (c0.K.reshape(-1), c0.V.reshape(-1))
-        self._after = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp), c0.work, ln_f, eps_f, Ep,
-                       self.vocab)
+        # block 0's cache arrays (its K, V and work buffer) come from the caller's list at
+        # each call: the step keeps no strong reference to a cache
+        self._before = (self.ids, E, P, self.H, flat, d) + scalars
+        self._after = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
+        self._head = (ln_f, eps_f, Ep, self.vocab)
 
-    def __call__(self, past: int, logits: np.ndarray) -> int:
+    def __call__(self, c0, past: int, logits: np.ndarray) -> int:
         """kernels.decode.decode_step of self.ids at position ``past`` into logits (B * vocab,
-        flat): its code (-1: done)."""
+        flat), c0 the first block's cache (the caller's, checked to be this step's): its
+        code (-1: done)."""
         parallel = _runtime._threads > 1 and not _runtime._serial_only
         # as _run_cached and GPT2._logits size their calls: the same builds, the same sums
         stack = parallel and self.batch * (self.per_row + self.per_key * (2 * past + 2)) >= PARALLEL_MIN_FLOPS
         head = parallel and self.head_parallel
-        args = self._before + (past,) + self._after + (logits, stack, head)
+        args = (self._before + (c0._K.reshape(-1), c0._V.reshape(-1), past) + self._after + (c0._work,)
+                + self._head + (logits, stack, head))
         if stack or head:
             return parallel_call(decode_step, *args, pass_threads=True)
         return decode_step(*args, 1)
