@@ -217,12 +217,13 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
 class DecodeStep:
     """A language model's decode step (kernels.decode) prepared for one list of caches.
 
-    Everything a step passes but the tokens, the position and the logits' buffer is made
-    here once: the table of every block's packed weights and caches, the head's packed
-    embedding, the step's scratch.  The caller (tblock.GPT2.next_logits) has run a step of
-    the checked path with these caches, so their config, dtype, batch and size are known
-    good and stay so (a KVCache's arrays are fixed); a step then checks only what can
-    change, the tokens and the caches' lengths, and crosses into compiled code once.
+    Everything a step passes but the tokens, the position, the logits' buffer and the
+    first cache's arrays is made here once: the table of every block's packed weights and
+    caches, the head's packed embedding, the step's scratch.  The caller
+    (tblock.GPT2.next_logits) has run a step of the checked path with these caches, so
+    their config, dtype, batch and size are known good and stay so (a KVCache's arrays
+    are fixed); a step then checks only what can change, the tokens and the caches'
+    lengths (and that the list holds these caches), and crosses into compiled code once.
 
     blocks: the stack's BlockWeights; caches: one KVCache each, one max_T; E (vocab, d),
     P (positions, d): the embeddings; ln_f = [gamma | beta]; Ep: E packed (lm_head);
