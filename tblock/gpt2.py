@@ -572,10 +572,9 @@ class GPT2:
         _step_logits' path (one compiled call).  Caches of several sizes keep the checked path."""
         if len({c.max_T for c in cache}) == 1:
             from .backends.numba import DecodeStep
-            vocab, d = self.wte.shape
             self._step = DecodeStep([b.weights for b in self.stack.blocks], self.stack.cfg, cache, self.wte,
                                     self.wpe, self.ln_f, self.config.layer_norm_epsilon, self._head,
-                                    2 * d * vocab * cache[0].batch >= HEAD_PARALLEL_MIN_FLOPS)
+                                    self._head_is_large(cache[0].batch))
 
     def _step_logits(self, ids, cache, backend, out):
         """next_logits of one token a sequence in one compiled call, when the caches are
@@ -634,12 +633,18 @@ class GPT2:
         rows = B * T
         X = np.ascontiguousarray(H, dtype=self.dtype).reshape(rows * d)     # (B*T*d,) flat rows
         flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
-        if 2 * rows * d * vocab < HEAD_PARALLEL_MIN_FLOPS or _runtime._threads == 1 or _runtime._serial_only:
+        if not self._head_is_large(rows) or _runtime._threads == 1 or _runtime._serial_only:
             head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch, 1)
         else:
             parallel_call(head_parallel, X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch,
                           pass_threads=True)
         return out
+
+    def _head_is_large(self, rows: int) -> bool:
+        """Whether the head over ``rows`` rows has the FLOPs to run in parallel (as the
+        numba backend's block does below its own threshold)."""
+        vocab, d = self.wte.shape
+        return 2 * rows * d * vocab >= HEAD_PARALLEL_MIN_FLOPS
 
     def param_count(self) -> int:
         """Parameters, the tied head counted once (as config.param_count())."""

@@ -186,13 +186,13 @@ def _openvino_isa(compiled) -> tuple[str, str]:
     """The widest ISA among the kernels OpenVINO's CPU plugin chose (their primitive types,
     e.g. brgemm_avx2_f32, gemm_mlas_f32, jit_avx512_f32)."""
     host = host_isa()
-    kinds = collections.Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        kinds[op.get_rt_info()["primitiveType"].astype(str)] += 1
-    named = {k: n for k, n in sorted(kinds.items()) if isa_of_token(k, host)}
+    kinds = collections.Counter(op.get_rt_info()["primitiveType"].astype(str)
+                                for op in compiled.get_runtime_model().get_ops())
+    isas = {k: isa_of_token(k, host) for k in sorted(kinds)}
+    named = [k for k, isa in isas.items() if isa]
     # none names an x86 ISA (an ARM build's primitives): all of them are the evidence
-    evidence = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in (named or dict(sorted(kinds.items()))).items())
-    return (widest(*(isa_of_token(k, host) for k in named)) if named else "generic"), evidence
+    evidence = ", ".join(f"{k} x{kinds[k]}" if kinds[k] > 1 else k for k in (named or isas))
+    return (widest(*(isas[k] for k in named)) if named else "generic"), evidence
 
 
 def _mark_isa(fn, isa: tuple[str, str]):

@@ -177,13 +177,22 @@ def forward_stack_cached(H, weights, cfg, caches, fresh=True):
     weights and caches one per block (checked by the caller).  Returns (H_out, -1), or
     (None, i) when block i's input holds a NaN or an Inf (the caches' lengths unchanged).
     fresh=False: H_out may be scratch of caches[0].work, which the next call overwrites."""
-    # the compiled block reaches block i's arrays through their addresses (kernels.block);
     # the lists hold the arrays alive through the call, and every one has block 0's size
     # (one config, dtype, batch and max_T: tblock.Stack checks)
-    layers = np.array([(_packed_address(w, H.dtype),) + c.addresses() for w, c in zip(weights, caches)],
-                      dtype=np.intp)
-    out, bad = _run_cached(H, weights[0], cfg, caches[0], layers, fresh)
+    out, bad = _run_cached(H, weights[0], cfg, caches[0], _layers_table(weights, caches, H.dtype), fresh)
     return (out, -1) if bad < 0 else (None, bad)
+
+
+def _layers_table(weights, caches, dtype) -> np.ndarray:
+    """(n, 3) intp: the data addresses of block i's packed weights, K and V, through which
+    the compiled block reaches a stack's arrays (kernels.block's ``layers``)."""
+    return np.array([(_packed_address(w, dtype),) + c.addresses() for w, c in zip(weights, caches)], dtype=np.intp)
+
+
+def _cached_flops(B: int, T: int, past: int, per_row: int, per_key: int) -> int:
+    """FLOPs of a cached block call: B sequences of T new rows after ``past`` cached tokens
+    (_flop_terms' parts; each new token t sees past + t + 1 keys)."""
+    return B * T * (per_row + per_key * (2 * past + T + 1))
 
 
 def _cache_args(cache, layers):
@@ -203,8 +212,7 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
     B, T, d = H.shape
     past = cache.length
     args = (H, flat, T, d) + scalars + _cache_args(cache, layers)
-    # each new token t sees past + t + 1 keys
-    if (B * T * (per_row + per_key * (2 * past + T + 1)) < PARALLEL_MIN_FLOPS
+    if (_cached_flops(B, T, past, per_row, per_key) < PARALLEL_MIN_FLOPS
             or _runtime._threads == 1 or _runtime._serial_only):
         out, bad = cached_serial(*args, 1)
     else:
@@ -233,12 +241,10 @@ class DecodeStep:
         c0 = caches[0]
         dtype, B, d = c0.dtype, c0.batch, cfg.d_model
         _, flat, scalars, self.per_row, self.per_key = _plan(blocks[0], cfg, dtype)
-        # the compiled stack reaches block i's arrays through their addresses (kernels.block):
         # self.blocks holds the weights alive, the caller's list the caches during a call;
         # the step holds the caches weakly (a dropped list's memory is freed, and its step
         # no longer matches any list)
-        layers = np.array([(_packed_address(w, dtype),) + c.addresses() for w, c in zip(blocks, caches)],
-                          dtype=np.intp)
+        layers = _layers_table(blocks, caches, dtype)
         self.blocks, self.max_T, self.batch = tuple(blocks), c0.max_T, B
         self.caches = tuple(weakref.ref(c) for c in caches)
         self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
@@ -257,7 +263,7 @@ class DecodeStep:
         code (-1: done)."""
         parallel = _runtime._threads > 1 and not _runtime._serial_only
         # as _run_cached and GPT2._logits size their calls: the same builds, the same sums
-        stack = parallel and self.batch * (self.per_row + self.per_key * (2 * past + 2)) >= PARALLEL_MIN_FLOPS
+        stack = parallel and _cached_flops(self.batch, 1, past, self.per_row, self.per_key) >= PARALLEL_MIN_FLOPS
         head = parallel and self.head_parallel
         args = (self._before + (c0._K.reshape(-1), c0._V.reshape(-1), past) + self._after + (c0._work,)
                 + self._head + (logits, stack, head))
