@@ -231,3 +231,116 @@ def test_big_endian_input_and_weights_work(good, backend):
     w_be = tblock.BlockWeights(**{k: v.astype(">f8") for k, v in w.arrays().items()})
     assert w_be.dtype.isnative
     np.testing.assert_array_equal(tblock.forward(H, w_be, CFG, backend=backend), want)
+
+
+# ---- a plain call's lane (tblock.api.forward: the numba backend's forward_small) -----------
+
+@pytest.fixture
+def armed(monkeypatch):
+    """float32 weights that have been through one checked call, so that later plain calls
+    can take the numba backend's lane, and the list of calls the checked path gets."""
+    import tblock.backends.numba as nb
+    w = tblock.init_weights(CFG, seed=0, dtype=np.float32)
+    H = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    first = tblock.forward(H, w, CFG, backend="numba")
+    checked, forward_batch = [], nb.forward_batch
+
+    def spy(*args):
+        checked.append(args[0].shape)
+        return forward_batch(*args)
+    monkeypatch.setattr(nb, "forward_batch", spy)
+    return w, H, first, checked
+
+
+def _unaligned(a):
+    """A copy of ``a`` whose data starts one byte past an element boundary."""
+    raw = np.zeros(a.nbytes + 1, dtype=np.uint8)
+    out = np.frombuffer(raw.data, dtype=a.dtype, count=a.size, offset=1).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned
+    return out
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+def test_the_lane_runs_a_plain_call(armed):
+    """The lane gives the checked path's bits, for 2-D and batched input, and leaves the
+    input's values and flags alone."""
+    w, H, first, checked = armed
+    got = tblock.forward(H, w, CFG)
+    np.testing.assert_array_equal(got, first)
+    assert got.shape == H.shape and got.dtype == H.dtype and H.flags.writeable
+    assert not np.shares_memory(got, H)
+    H2 = np.stack([H, H[::-1].copy()])
+    got2 = tblock.forward(H2, w, CFG, backend="numba")
+    np.testing.assert_array_equal(tblock.forward(H[None], w, CFG), first[None])
+    assert checked == []                # no call took the checked path
+    np.testing.assert_array_equal(got2[0], first)
+    np.testing.assert_array_equal(got2[1], tblock.forward(H[::-1].copy(), w, CFG))
+    want = tblock.forward(H.astype(np.float64), w, CFG, backend="numpy")
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("make", [
+    lambda H: H.astype(">f4"),                                  # big-endian
+    lambda H: np.repeat(H, 2, axis=1)[:, ::2],                  # strided
+    lambda H: np.asfortranarray(H),
+    _unaligned,
+    lambda H: H.view(_Sub),                                     # an ndarray subclass
+    lambda H: H.astype(np.float64),                             # another dtype: its own plan
+], ids=["big-endian", "strided", "fortran", "unaligned", "subclass", "float64"])
+def test_the_lane_hands_unusual_input_to_the_checked_path(armed, make):
+    w, H, first, checked = armed
+    X = make(H)
+    before = X.copy()
+    got = tblock.forward(X, w, CFG)
+    assert checked, "the checked path did not run"
+    np.testing.assert_allclose(got, first, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(X, before)
+
+
+@pytest.mark.parametrize("H, exc, words", [
+    (np.zeros(8, np.float32), ValueError, r"got shape \(8,\)"),
+    (np.zeros((1, 2, 4, 8), np.float32), ValueError, "H must be .* got shape"),
+    (np.zeros((4, 7), np.float32), ValueError, r"H must have d_model=8 columns, got shape \(4, 7\)"),
+    (np.zeros((0, 8), np.float32), ValueError, r"T >= 1"),
+    (np.zeros((2, 0, 8), np.float32), ValueError, r"T >= 1"),
+    (np.zeros((0, 4, 8), np.float32), ValueError, r"B >= 1"),
+    (np.zeros((4, 8), np.float16), TypeError, "got float16"),
+    (np.zeros((4, 8), np.int32), TypeError, "got int32"),
+])
+def test_the_lane_leaves_errors_to_the_checked_path(armed, H, exc, words):
+    w, _, _, _ = armed
+    with pytest.raises(exc, match=words):
+        tblock.forward(H, w, CFG)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_the_lane_reports_a_non_finite_input_as_the_checked_path_does(armed, bad):
+    w, H, _, checked = armed
+    H = H.copy()
+    H[2, 5] = bad
+    before = H.copy()
+    with pytest.raises(ValueError, match=r"H must be finite, found .* at index \(2, 5\)"):
+        tblock.forward(H, w, CFG)
+    assert checked
+    np.testing.assert_array_equal(H, before)
+    assert H.flags.writeable
+
+
+def test_the_lane_checks_the_other_arguments_as_the_checked_path_does(armed):
+    w, H, first, checked = armed
+    with pytest.raises(TypeError, match="backend must be a str"):
+        tblock.forward(H, w, CFG, backend=["numba"])
+    with pytest.raises(TypeError, match="trace must be a bool, got int"):
+        tblock.forward(H, w, CFG, trace=0)
+    other = tblock.BlockConfig(d_model=8, n_heads=2, d_ff=16)
+    with pytest.raises(ValueError, match=r"w_ff1 must have shape \(8, 16\)"):
+        tblock.forward(H, w, other)
+    # weights checked against another config object that is equal: the checked path
+    np.testing.assert_array_equal(tblock.forward(H, w, tblock.BlockConfig(d_model=8, n_heads=2)), first)
+    # the other backends never take the numba backend's lane
+    got = tblock.forward(H, w, CFG, backend="numpy")
+    assert np.abs(got - first).max() < 1e-5 * np.abs(got).max()

@@ -3,7 +3,10 @@
 Every backend module has ``forward_batch(H, weights, cfg, trace) -> (H_out, trace | None)``
 (the contract is in tblock.api), ``CHECKS_FINITE``, and ``components(cfg, weights, dtype)``,
 its pieces for separate timing (tblock.backends.components). A module may also have
-``ensure_available()``, which raises BackendUnavailable with the reason it cannot run.
+``ensure_available()``, which raises BackendUnavailable with the reason it cannot run,
+and ``forward_small(H, weights, cfg) -> H_out | None``, a lane for a plain call (no
+trace, no cache) on weights already checked against cfg, which takes H as the caller
+gave it and returns None for anything it leaves to the checked path (tblock.api.forward).
 Adding a backend is one module here plus one line below.
 """
 

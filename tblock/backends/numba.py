@@ -137,6 +137,41 @@ def _plan(weights, cfg, dtype):
     return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
+def forward_small(H, weights, cfg):
+    """A plain call's lane (tblock.api.forward): H_out for an ndarray H that the API
+    would take as it is (float32/float64 in native byte order, C-contiguous, aligned,
+    (T, d_model) or (B, T, d_model), T and B >= 1) on a block small enough to run
+    serially, with these weights already checked against ``cfg``; None for anything else,
+    and for an H holding a NaN or an Inf: the caller then takes the checked path, which
+    gives the same result or raises.  At the lesson's size the steps the checked path
+    adds to these are a fifth of a call."""
+    plan = weights._cache.get(("numba-plan", H.dtype.char))
+    if plan is None or plan[0] is not cfg:
+        return None
+    shape = H.shape
+    if len(shape) == 2:
+        T, d = shape
+        B = 1
+        H3 = H[None]                    # (1, T, d_model): a new view, its flags our own
+    elif len(shape) == 3:
+        B, T, d = shape
+        H3 = H.view()
+    else:
+        return None
+    _, flat, scalars, per_row, per_key = plan
+    flags = H3.flags
+    if (d != cfg.d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
+            or not H.dtype.isnative
+            or B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) >= PARALLEL_MIN_FLOPS
+            and _runtime._threads > 1 and not _runtime._serial_only):
+        return None
+    flags.writeable = False
+    out = np.empty(shape, H.dtype)
+    if block_serial(H3, flat, out if len(shape) == 3 else out[None], T, d, *scalars, 1) >= 0:
+        return None
+    return out
+
+
 def forward_batch(H, weights, cfg, trace):
     """The backend contract of tblock.api: H is a read-only C-contiguous (B, T, d_model)
     float32/float64 array; compute in H's dtype; return (H_out, trace dict or None), or
