@@ -137,6 +137,14 @@ def _plan(weights, cfg, dtype):
     return (cfg, _packed(weights, dtype), scalars) + _flop_terms(cfg)
 
 
+def _plan_of(weights, cfg, dtype):
+    """_plan for these weights, cfg and dtype, made once (the weights keep it)."""
+    plan = weights._cache.get(("numba-plan", dtype.char))
+    if plan is None or plan[0] is not cfg:      # identity: cheaper than comparing configs
+        plan = weights._cache[("numba-plan", dtype.char)] = _plan(weights, cfg, dtype)
+    return plan
+
+
 def forward_small(H, weights, cfg):
     """A plain call's lane (tblock.api.forward): H_out for an ndarray H that the API
     would take as it is (float32/float64 in native byte order, C-contiguous, aligned,
@@ -158,38 +166,39 @@ def forward_small(H, weights, cfg):
         H3 = H.view()
     else:
         return None
-    _, flat, scalars, per_row, per_key = plan
     flags = H3.flags
     if (d != cfg.d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
-            or not H.dtype.isnative
-            or B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) >= PARALLEL_MIN_FLOPS
-            and _runtime._threads > 1 and not _runtime._serial_only):
+            or not H.dtype.isnative or not _serial(plan, B, T)):
         return None
     flags.writeable = False
     out = np.empty(shape, H.dtype)
-    if block_serial(H3, flat, out if len(shape) == 3 else out[None], T, d, *scalars, 1) >= 0:
+    if block_serial(H3, plan[1], out if len(shape) == 3 else out[None], T, d, *plan[2], 1) >= 0:
         return None
     return out
+
+
+def _serial(plan, B, T):
+    """Whether a forward pass of B sequences of T rows runs the serial block: below
+    PARALLEL_MIN_FLOPS (_block_flops, with the config's parts from the plan), on one
+    thread, or in a child forked after the pool ran."""
+    _, _, scalars, per_row, per_key = plan
+    return (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
+            or _runtime._threads == 1 or _runtime._serial_only)
 
 
 def forward_batch(H, weights, cfg, trace):
     """The backend contract of tblock.api: H is a read-only C-contiguous (B, T, d_model)
     float32/float64 array; compute in H's dtype; return (H_out, trace dict or None), or
     (None, None) when H holds a NaN or an Inf (CHECKS_FINITE: the API then says where).
-
-    Kept lean: at the lesson's size every Python step here is a visible fraction of a call."""
+    A small block's plain call usually comes through forward_small instead."""
     if trace:
         if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None
         return _forward_trace(H, weights, cfg)
-    plan = weights._cache.get(("numba-plan", H.dtype.char))
-    if plan is None or plan[0] is not cfg:      # identity: cheaper than comparing configs
-        plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
-    _, flat, scalars, per_row, per_key = plan
+    plan = _plan_of(weights, cfg, H.dtype)
+    flat, scalars = plan[1], plan[2]
     B, T, d = H.shape
-    # _block_flops, inlined with its per-config parts precomputed: a call would show at small sizes
-    if (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
-            or _runtime._threads == 1 or _runtime._serial_only):
+    if _serial(plan, B, T):
         # numpy's output array (a large block on one thread then holds it through the call)
         out = np.empty(H.shape, H.dtype)
         bad = block_serial(H, flat, out, T, d, *scalars, 1)
@@ -240,10 +249,7 @@ def _cache_args(cache, layers):
 def _run_cached(H, weights, cfg, cache, layers, fresh):
     """kernels.block with a cache: weights and cache those of block 0 of ``layers``.  A
     decode step takes its scratch from cache.work; fresh: an output there is copied out."""
-    plan = weights._cache.get(("numba-plan", H.dtype.char))
-    if plan is None or plan[0] is not cfg:
-        plan = weights._cache[("numba-plan", H.dtype.char)] = _plan(weights, cfg, H.dtype)
-    _, flat, scalars, per_row, per_key = plan
+    _, flat, scalars, per_row, per_key = _plan_of(weights, cfg, H.dtype)
     B, T, d = H.shape
     past = cache.length
     args = (H, flat, T, d) + scalars + _cache_args(cache, layers)
