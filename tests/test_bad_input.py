@@ -276,6 +276,10 @@ def test_the_lane_runs_a_plain_call(armed):
     H2 = np.stack([H, H[::-1].copy()])
     got2 = tblock.forward(H2, w, CFG, backend="numba")
     np.testing.assert_array_equal(tblock.forward(H[None], w, CFG), first[None])
+    ro = H.copy()
+    ro.flags.writeable = False
+    np.testing.assert_array_equal(tblock.forward(ro, w, CFG), first)
+    np.testing.assert_array_equal(tblock.forward(ro[None], w, CFG), first[None])
     assert checked == []                # no call took the checked path
     np.testing.assert_array_equal(got2[0], first)
     np.testing.assert_array_equal(got2[1], tblock.forward(H[::-1].copy(), w, CFG))

@@ -152,7 +152,10 @@ def forward_small(H, weights, cfg):
     serially, with these weights already checked against ``cfg``; None for anything else,
     and for an H holding a NaN or an Inf: the caller then takes the checked path, which
     gives the same result or raises.  At the lesson's size the steps the checked path
-    adds to these are a fifth of a call."""
+    adds to these are a fifth of a call.  H goes to the compiled block as it came, 2-D
+    or 3-D, writeable or not (four array types a dtype, all compiled by warmup): a
+    read-only 3-D view of it, and a 3-D view of the output, cost the toy block's call a
+    tenth more (docs/perf-log.md)."""
     plan = weights._cache.get(("numba-plan", H.dtype.char))
     if plan is None or plan[0] is not cfg:
         return None
@@ -160,19 +163,16 @@ def forward_small(H, weights, cfg):
     if len(shape) == 2:
         T, d = shape
         B = 1
-        H3 = H[None]                    # (1, T, d_model): a new view, its flags our own
     elif len(shape) == 3:
         B, T, d = shape
-        H3 = H.view()
     else:
         return None
-    flags = H3.flags
+    flags = H.flags
     if (d != cfg.d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
             or not H.dtype.isnative or not _serial(plan, B, T)):
         return None
-    flags.writeable = False
     out = np.empty(shape, H.dtype)
-    if block_serial(H3, plan[1], out if len(shape) == 3 else out[None], T, d, *plan[2], 1) >= 0:
+    if block_serial(H, plan[1], out, T, d, *plan[2], 1) >= 0:
         return None
     return out
 
@@ -420,7 +420,8 @@ def warmup() -> None:
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
         args = (H, _packed(w, dtype), 4, 8) + _plan(w, cfg, dtype)[2]
-        block_serial(H, args[1], np.empty(H.shape, dtype), *args[2:], 1)
+        for X in (H, H[0], H.copy(), H[0].copy()):  # the lane's: 2-D or 3-D, read-only or not
+            block_serial(X, args[1], np.empty(X.shape, dtype), *args[2:], 1)
         if not _runtime._serial_only:
             parallel_call(block_parallel, *args, pass_threads=True)
         cache = KVCache(cfg, 5, dtype=dtype)
