@@ -356,7 +356,7 @@ def output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest):
         if not pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:
-        xn = hid = np.empty(0, dtype=work.dtype)
+        xn = hid = work[:0]             # unused: an empty view, not an allocation
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
     return out, xn, hid, ldh, mc, groups, mf, n
 
@@ -392,7 +392,7 @@ def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr
     H = H3.reshape(H3.size)
     if not all_finite_flat(H):
         return 0
-    none = np.empty(0, dtype=H3.dtype)
+    none = out3.reshape(out3.size)[:0]     # no cache, no work buffer: a view, not an allocation
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     # borrowed views: the body then counts no references to them (options.borrowed)
     nothing = borrowed(none)

@@ -63,7 +63,7 @@ def bias_len(n, NR):
     return (panels(n, NR) * NR + 15) // 16 * 16
 
 
-@kernel
+@kernel(inline="always")
 def weight_layout(d, dff, NR):
     """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
     o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
