@@ -386,9 +386,9 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
 
 def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
     """_block writing H_out into out3 (B, T, d) C-contiguous, the caller's: -1, or 0 when
-    H3 holds a NaN or an Inf (out3 untouched); H3 and out3 may also be (T, d).  For small blocks (the lesson's toy):
-    handing an array Numba made back to Python costs ~0.4 us, numpy's in the caller ~0.15
-    (docs/perf-log.md)."""
+    H3 holds a NaN or an Inf (out3 untouched); H3 and out3 may also be (T, d).  For
+    small blocks (the lesson's toy): handing an array Numba made back to Python costs
+    ~0.4 us, numpy's in the caller ~0.15 (docs/perf-log.md)."""
     H = H3.reshape(H3.size)
     if not all_finite_flat(H):
         return 0
