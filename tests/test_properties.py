@@ -154,3 +154,24 @@ def test_any_strides_give_the_contiguous_answer(backend, data):
     fortran = np.asfortranarray(H)
     np.testing.assert_array_equal(tblock.forward(fortran, w, cfg, backend=backend),
                                   tblock.forward(H, w, cfg, backend=backend))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_the_numba_lane_gives_the_checked_paths_bits(data):
+    """A plain call on weights checked before takes the numba backend's lane (H handed to
+    the serial block as it came: 2-D or 3-D, writeable or read-only); the first call with
+    fresh weights takes the checked path.  Same bits, any config, dtype and layout."""
+    import tblock.backends.numba as nb
+    cfg = data.draw(configs(), label="cfg")
+    T = data.draw(st.integers(1, 12), label="T")
+    B = data.draw(st.sampled_from([None, 1, 3]), label="B")
+    dtype = data.draw(st.sampled_from([np.float32, np.float64]), label="dtype")
+    seed = data.draw(st.integers(0, 2**31), label="seed")
+    H = np.random.default_rng(seed).standard_normal((T, cfg.d_model) if B is None else (B, T, cfg.d_model))
+    H = H.astype(dtype)
+    H.flags.writeable = data.draw(st.booleans(), label="writeable")
+    w = random_weights(cfg, seed, dtype)
+    checked = tblock.forward(H, w, cfg, backend="numba")         # fresh weights: the checked path
+    assert nb.forward_small(H, w, cfg) is not None                # the lane takes the next call
+    np.testing.assert_array_equal(tblock.forward(H, w, cfg, backend="numba"), checked)
