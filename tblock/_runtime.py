@@ -33,6 +33,12 @@ def serial_only() -> bool:
     return _serial_only
 
 
+def parallel_allowed() -> bool:
+    """Whether a parallel call may run now: more than one thread set, and not in a child
+    forked after the OpenMP pool ran (serial_only)."""
+    return _threads > 1 and not _serial_only
+
+
 def _after_fork_in_child() -> None:
     global _serial_only
     try:

@@ -22,8 +22,9 @@ the next position, the 12 blocks over the cache, and the head on that one row (a
 over wte).  On the numba backend a step after the first with the same caches is one
 compiled call (``tblock.kernels.decode``), its arguments prepared once per list of
 caches: a model is fixed once made (its arrays are read-only, and the packed head and
-the prepared step are built from them once).  The next token is the argmax (temperature 0) or a draw from
-``next_token_probs`` (temperature, then top-k, then top-p, as transformers orders them).
+the prepared step are built from them once).  The next token is the argmax (temperature
+0) or a draw from ``next_token_probs`` (temperature, then top-k, then top-p, as
+transformers orders them).
 
 Checkpoint names (``transformer.`` prefix optional).  GPT-2's Conv1D stores its weight as
 (in, out), which is the lesson's row convention ``X @ W``, so nothing is transposed:
@@ -633,7 +634,7 @@ class GPT2:
         rows = B * T
         X = np.ascontiguousarray(H, dtype=self.dtype).reshape(rows * d)     # (B*T*d,) flat rows
         flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
-        if not self._head_is_large(rows) or _runtime._threads == 1 or _runtime._serial_only:
+        if not self._head_is_large(rows) or not _runtime.parallel_allowed():
             head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch, 1)
         else:
             parallel_call(head_parallel, X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch,

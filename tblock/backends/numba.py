@@ -122,6 +122,11 @@ def _flop_terms(cfg) -> tuple[int, int]:
 
 def _block_flops(B: int, T: int, d: int, dff: int, causal: bool) -> int:
     per_row, per_key = _flop_terms(BlockConfig(d_model=d, n_heads=1, d_ff=dff))
+    return _forward_flops(B, T, per_row, per_key, causal)
+
+
+def _forward_flops(B: int, T: int, per_row: int, per_key: int, causal: bool) -> int:
+    """_block_flops from _flop_terms' parts (a plan holds them: _plan)."""
     return B * T * (per_row + per_key * (T + 1 if causal else 2 * T))
 
 
@@ -156,6 +161,7 @@ def forward_small(H, weights, cfg):
     or 3-D, writeable or not (four array types a dtype, all compiled by warmup): a
     read-only 3-D view of it, and a 3-D view of the output, cost the toy block's call a
     tenth more (docs/perf-log.md)."""
+    # _plan_of's lookup, without making one: the checked path makes it
     plan = weights._cache.get(("numba-plan", H.dtype.char))
     if plan is None or plan[0] is not cfg:
         return None
@@ -167,23 +173,21 @@ def forward_small(H, weights, cfg):
         B, T, d = shape
     else:
         return None
+    _, flat, scalars, per_row, per_key = plan
     flags = H.flags
     if (d != cfg.d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
-            or not H.dtype.isnative or not _serial(plan, B, T)):
+            or not H.dtype.isnative or not _serial(_forward_flops(B, T, per_row, per_key, scalars[2]))):
         return None
     out = np.empty(shape, H.dtype)
-    if block_serial(H, plan[1], out, T, d, *plan[2], 1) >= 0:
+    if block_serial(H, flat, out, T, d, *scalars, 1) >= 0:
         return None
     return out
 
 
-def _serial(plan, B, T):
-    """Whether a forward pass of B sequences of T rows runs the serial block: below
-    PARALLEL_MIN_FLOPS (_block_flops, with the config's parts from the plan), on one
-    thread, or in a child forked after the pool ran."""
-    _, _, scalars, per_row, per_key = plan
-    return (B * T * (per_row + per_key * (T + 1 if scalars[2] else 2 * T)) < PARALLEL_MIN_FLOPS
-            or _runtime._threads == 1 or _runtime._serial_only)
+def _serial(flops: int) -> bool:
+    """Whether a block call of ``flops`` FLOPs runs a serial build: below
+    PARALLEL_MIN_FLOPS, or where no parallel call may run (tblock._runtime)."""
+    return flops < PARALLEL_MIN_FLOPS or not _runtime.parallel_allowed()
 
 
 def forward_batch(H, weights, cfg, trace):
@@ -195,10 +199,9 @@ def forward_batch(H, weights, cfg, trace):
         if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None
         return _forward_trace(H, weights, cfg)
-    plan = _plan_of(weights, cfg, H.dtype)
-    flat, scalars = plan[1], plan[2]
+    _, flat, scalars, per_row, per_key = _plan_of(weights, cfg, H.dtype)
     B, T, d = H.shape
-    if _serial(plan, B, T):
+    if _serial(_forward_flops(B, T, per_row, per_key, scalars[2])):
         # numpy's output array (a large block on one thread then holds it through the call)
         out = np.empty(H.shape, H.dtype)
         bad = block_serial(H, flat, out, T, d, *scalars, 1)
@@ -253,8 +256,7 @@ def _run_cached(H, weights, cfg, cache, layers, fresh):
     B, T, d = H.shape
     past = cache.length
     args = (H, flat, T, d) + scalars + _cache_args(cache, layers)
-    if (_cached_flops(B, T, past, per_row, per_key) < PARALLEL_MIN_FLOPS
-            or _runtime._threads == 1 or _runtime._serial_only):
+    if _serial(_cached_flops(B, T, past, per_row, per_key)):
         out, bad = cached_serial(*args, 1)
     else:
         out, bad = parallel_call(cached_parallel, *args, pass_threads=True)
@@ -302,10 +304,9 @@ class DecodeStep:
         """kernels.decode.decode_step of self.ids at position ``past`` into logits (B * vocab,
         flat), c0 the first block's cache (the caller's, checked to be this step's): its
         code (-1: done)."""
-        parallel = _runtime._threads > 1 and not _runtime._serial_only
         # as _run_cached and GPT2._logits size their calls: the same builds, the same sums
-        stack = parallel and _cached_flops(self.batch, 1, past, self.per_row, self.per_key) >= PARALLEL_MIN_FLOPS
-        head = parallel and self.head_parallel
+        stack = not _serial(_cached_flops(self.batch, 1, past, self.per_row, self.per_key))
+        head = self.head_parallel and _runtime.parallel_allowed()
         args = (self._before + (c0._K.reshape(-1), c0._V.reshape(-1), past) + self._after + (c0._work,)
                 + self._head + (logits, stack, head))
         if stack or head:
