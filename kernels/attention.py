@@ -17,8 +17,8 @@ import math
 from .gemm import MR, micro_kernel
 from .layout import panels
 from .options import kernel
-from .simd import (lanes, panel_lanes, vadd, vexp2, vfma, vhmax, vhsum, vkeep, vload, vload_n, vmax, vmul, vsub,
-                   vsplat, vstore, vstore_n)
+from .simd import (lanes, panel_lanes, pbcast, pload, psplat, pstore, vadd, vexp2, vfma, vhmax, vhsum,
+                   vkeep, vload, vload_n, vmax, vmul, vsub, vsplat, vstore, vstore_n)
 
 LOG2E = 1.4426950408889634
 KV_CHUNK = 128   # keys per P V pass (see _sub_tile)
@@ -90,6 +90,10 @@ def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, 
     kv_end = q1 if causal else T
     for k0 in range(0, kv_end, BK):
         kn = min(BK, kv_end - k0)
+        if m == 1:
+            # one query (a decode step): it sees every key of every tile
+            _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O, mrow, lrow, NR, W, zero)
+            continue
         for s0 in range(0, m, QSUB):
             s1 = min(m, s0 + QSUB)
             if causal and k0 > q0 + s1 - 1:
@@ -124,57 +128,13 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                          S, i * BK + p * NR, BK, n, False, -1)
     # online softmax: new running max, rescale what was accumulated, P = 2^(...)
     for i in range(m):
-        r = s0 + i
         nv = kn
         klim = kn
         if causal:
             nv = min(kn, qa + i + 1 - k0)
             # the P V product of this row's micro-tile reads keys up to klim
             klim = min(kn, qa + min(m, i // MR * MR + MR) - k0)
-        row = i * BK
-        # two running maxima: one vmax chain waits on its own latency (4 cycles a vector)
-        mx = vsplat(S, -math.inf)
-        mx2 = mx
-        # nv <= 0 for a row the causal mask hides the whole tile from (a key tile that
-        # starts inside the sub-tile): then neither loop may run
-        nfull = max(nv, 0) // (2 * W) * (2 * W)
-        for j in range(0, nfull, 2 * W):
-            mx = vmax(mx, vload(S, row + j))
-            mx2 = vmax(mx2, vload(S, row + j + W))
-        for j in range(nfull, nv, W):
-            x = vload(S, row + j)
-            if j + W > nv:                      # masked or past-the-tile lanes
-                x = vkeep(x, nv - j, -math.inf)
-            mx = vmax(mx, x)
-        m_old = mrow[r]
-        m_new = max(m_old, vhmax(vmax(mx, mx2)))
-        if m_new == -math.inf:
-            # no allowed key yet for this query: contributes nothing
-            for j in range(0, klim, W):
-                vstore(S, row + j, zero)
-            continue
-        # exp((s - m) * scale) = 2^((s - m) * c), c = scale * log2(e).  s - m is <= 0 and
-        # exact near the max; the one-fma form s*c - m*c is not: at |s*c| ~ 1e9 (float32)
-        # its rounding error alone overflowed 2^t and gave NaN
-        vm = vsplat(S, m_new)
-        acc = zero
-        for j in range(0, klim, W):
-            p_ = vexp2(vmul(vsub(vload(S, row + j), vm), vc2))
-            if j + W > nv:
-                p_ = vkeep(p_, nv - j, 0.0)
-            vstore(S, row + j, p_)
-            acc = vadd(acc, p_)
-        if m_new == m_old:
-            # the running max stands (most key tiles after the first few): alpha would
-            # be exp(0) = 1, so skip the exp and the rescale of O
-            lrow[r] += vhsum(acc)
-            continue
-        alpha = math.exp((m_old - m_new) * scale)     # 0 on the first contribution
-        lrow[r] = lrow[r] * alpha + vhsum(acc)
-        mrow[r] = m_new
-        va = vsplat(O, alpha)
-        for c in range(0, ldv, W):
-            vstore(O, r * ldv + c, vmul(vload(O, r * ldv + c), va))
+        _softmax_row(S, i * BK, nv, klim, s0 + i, mrow, lrow, O, ldv, vc2, scale, W, zero)
     # O += P V over this key tile (each micro-tile only up to its last key), in chunks
     # of KV_CHUNK keys: a 128 x 64 float32 slice of V (32 KiB) stays in L1 while all the
     # micro-tiles pass over it; a whole 256-key tile would not
@@ -190,6 +150,96 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                 micro_kernel(S, i * BK + c0, BK, 1, min(MR, m - i),
                              V, v_off + (k0 + c0) * ldv + vp * NR, ldv, kl,
                              O, (s0 + i) * ldv + vp * NR, ldv, NR, True, -1)
+
+
+@kernel(standalone=True, internal=True)
+def _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O, mrow, lrow, NR, W, zero):
+    """_sub_tile for a tile of one query that sees all kn keys k0..k0+kn-1 (a decode
+    step's): the same scores, softmax update and O += P V.  The micro-kernel's one-row
+    loop is one chain of FMAs per accumulator, each waiting on the one before, and with
+    one query no other row fills the wait; here two chains run side by side (two key
+    panels at once for the scores, even and odd keys for P V), a fifth less time for a
+    head's K and V read from L2 (docs/perf-log.md).  Each score is the micro-kernel's
+    sum, in its order; P V sums the two chains at the end of the tile."""
+    npn = panels(kn, NR)
+    step = dk * NR                          # elements of one K^T panel
+    pb = kt_off + k0 // NR * step
+    for p in range(0, npn - 1, 2):
+        a0 = a1 = psplat(S, 0.0)
+        b0 = pb + p * step
+        for c in range(dk):
+            qc = pbcast(Qt, c)
+            a0 = vfma(qc, pload(Kt, b0 + c * NR), a0)
+            a1 = vfma(qc, pload(Kt, b0 + step + c * NR), a1)
+        pstore(S, p * NR, a0)               # whole panels: S holds panels(kn) * NR scores
+        pstore(S, p * NR + NR, a1)
+    if npn % 2:
+        a0 = psplat(S, 0.0)
+        b0 = pb + (npn - 1) * step
+        for c in range(dk):
+            a0 = vfma(pbcast(Qt, c), pload(Kt, b0 + c * NR), a0)
+        pstore(S, (npn - 1) * NR, a0)
+    _softmax_row(S, 0, kn, kn, 0, mrow, lrow, O, ldv, vc2, scale, W, zero)
+    for vp in range(ldv // NR):
+        o0 = o1 = psplat(O, 0.0)
+        vb = v_off + k0 * ldv + vp * NR
+        for j in range(0, kn - 1, 2):
+            o0 = vfma(pbcast(S, j), pload(V, vb + j * ldv), o0)
+            o1 = vfma(pbcast(S, j + 1), pload(V, vb + (j + 1) * ldv), o1)
+        if kn % 2:
+            o0 = vfma(pbcast(S, kn - 1), pload(V, vb + (kn - 1) * ldv), o0)
+        pstore(O, vp * NR, vadd(pload(O, vp * NR), vadd(o0, o1)))
+
+
+@kernel(internal=True, inline="always")
+def _softmax_row(S, row, nv, klim, r, mrow, lrow, O, ldv, vc2, scale, W, zero):
+    """The online-softmax update of query r by one key tile's raw scores S[row : row + nv]
+    (the keys it may see): its running max mrow[r] and sum lrow[r], its accumulated
+    output O[r] rescaled when the max moves, and S[row : row + klim] replaced by
+    P = exp((s - max) * scale), zero past nv."""
+    # two running maxima: one vmax chain waits on its own latency (4 cycles a vector)
+    mx = vsplat(S, -math.inf)
+    mx2 = mx
+    # nv <= 0 for a row the causal mask hides the whole tile from (a key tile that
+    # starts inside the sub-tile): then neither loop may run
+    nfull = max(nv, 0) // (2 * W) * (2 * W)
+    for j in range(0, nfull, 2 * W):
+        mx = vmax(mx, vload(S, row + j))
+        mx2 = vmax(mx2, vload(S, row + j + W))
+    for j in range(nfull, nv, W):
+        x = vload(S, row + j)
+        if j + W > nv:                      # masked or past-the-tile lanes
+            x = vkeep(x, nv - j, -math.inf)
+        mx = vmax(mx, x)
+    m_old = mrow[r]
+    m_new = max(m_old, vhmax(vmax(mx, mx2)))
+    if m_new == -math.inf:
+        # no allowed key yet for this query: contributes nothing
+        for j in range(0, klim, W):
+            vstore(S, row + j, zero)
+        return
+    # exp((s - m) * scale) = 2^((s - m) * c), c = scale * log2(e).  s - m is <= 0 and
+    # exact near the max; the one-fma form s*c - m*c is not: at |s*c| ~ 1e9 (float32)
+    # its rounding error alone overflowed 2^t and gave NaN
+    vm = vsplat(S, m_new)
+    acc = zero
+    for j in range(0, klim, W):
+        p_ = vexp2(vmul(vsub(vload(S, row + j), vm), vc2))
+        if j + W > nv:
+            p_ = vkeep(p_, nv - j, 0.0)
+        vstore(S, row + j, p_)
+        acc = vadd(acc, p_)
+    if m_new == m_old:
+        # the running max stands (most key tiles after the first few): alpha would
+        # be exp(0) = 1, so skip the exp and the rescale of O
+        lrow[r] += vhsum(acc)
+        return
+    alpha = math.exp((m_old - m_new) * scale)     # 0 on the first contribution
+    lrow[r] = lrow[r] * alpha + vhsum(acc)
+    mrow[r] = m_new
+    va = vsplat(O, alpha)
+    for c in range(0, ldv, W):
+        vstore(O, r * ldv + c, vmul(vload(O, r * ldv + c), va))
 
 
 @kernel

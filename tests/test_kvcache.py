@@ -11,6 +11,7 @@ Errors: a bad call raises a ValueError or TypeError naming what is wrong, and le
 cache as it was (length and contents), so decoding can go on.
 """
 
+import dataclasses
 import types
 
 import numpy as np
@@ -146,6 +147,44 @@ def test_long_chunks_after_a_prefix(backend, dtype):
     cache = tblock.KVCache(cfg, max_T=T, batch=B, dtype=dtype)
     got = decode(forward_with(w, cfg, backend), H, cache, [10, BQ + 5, 1, T - BQ - 16])
     assert rel_err(got, full) <= TOL[np.dtype(dtype)]
+
+
+def key_counts(nr):
+    """Cached keys at which a one-token step's attention meets an edge of its loops: one
+    key; a K^T panel of nr keys less one, whole, one more; an odd count of panels (the
+    numba kernel takes two at a time); a key tile of BK less one, whole, one more; three
+    tiles, the last part-filled with an odd panel count and an odd key count."""
+    from tblock.kernels.stages import BK
+    return sorted({1, nr - 1, nr, nr + 1, 3 * nr - 5, BK - 1, BK, BK + 1, 2 * BK + nr + 3})
+
+
+@pytest.mark.parametrize("peaked", [False, True], ids=["plain", "peaked"])
+@pytest.mark.parametrize("case", ["pre-dk16", "post-dk1"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_token_steps_over_many_keys(backend, dtype, case, peaked):
+    """One-token steps after every count of key_counts, each against the row of the NumPy
+    oracle's full forward (float64).  peaked: W_q times 40, so that scores reach the
+    hundreds and a tile's running max moves from tile to tile (the online softmax's
+    rescale), where plain scores stay near 1."""
+    cfg = {"pre-dk16": tblock.BlockConfig(d_model=48, n_heads=3, d_ff=40, norm="pre", ffn_bias=True,
+                                          ln_affine=True, attn_bias=True),
+           "post-dk1": tblock.BlockConfig(d_model=5, n_heads=5, d_ff=7, norm="post", ln_affine=True,
+                                          attn_bias=True)}[case]
+    w, w_d = (random_weights(cfg, seed=21, dtype=dt) for dt in (np.float64, dtype))     # the same draws
+    if peaked:
+        w, w_d = (dataclasses.replace(x, w_q=x.w_q * 40) for x in (w, w_d))
+    nr = tblock.KVCache(cfg, 1, dtype=dtype).nr
+    counts = key_counts(nr)
+    T = counts[-1] + 1
+    H = sequences(cfg, 1, T, np.float64, seed=3)
+    want = tblock.forward(H, w, cfg, backend="numpy")
+    cache = tblock.KVCache(cfg, max_T=T, dtype=dtype)
+    tblock.forward(H[:, :T - 1].astype(dtype), w_d, cfg, backend=backend, cache=cache)
+    for past in counts:
+        cache.length = past             # the keys of tokens 0..past-1, cached above
+        got = tblock.forward(H[:, past:past + 1].astype(dtype), w_d, cfg, backend=backend, cache=cache)
+        assert rel_err(got, want[:, past:past + 1]) <= TOL[np.dtype(dtype)], past
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
