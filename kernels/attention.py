@@ -164,21 +164,15 @@ def _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O,
     npn = panels(kn, NR)
     step = dk * NR                          # elements of one K^T panel
     pb = kt_off + k0 // NR * step
-    for p in range(0, npn - 1, 2):
+    for p in range(0, npn, 2):
+        p2 = min(p + 1, npn - 1)            # an odd count: the last panel twice
         a0 = a1 = psplat(S, 0.0)
-        b0 = pb + p * step
         for c in range(dk):
             qc = pbcast(Qt, c)
-            a0 = vfma(qc, pload(Kt, b0 + c * NR), a0)
-            a1 = vfma(qc, pload(Kt, b0 + step + c * NR), a1)
+            a0 = vfma(qc, pload(Kt, pb + p * step + c * NR), a0)
+            a1 = vfma(qc, pload(Kt, pb + p2 * step + c * NR), a1)
         pstore(S, p * NR, a0)               # whole panels: S holds panels(kn) * NR scores
-        pstore(S, p * NR + NR, a1)
-    if npn % 2:
-        a0 = psplat(S, 0.0)
-        b0 = pb + (npn - 1) * step
-        for c in range(dk):
-            a0 = vfma(pbcast(Qt, c), pload(Kt, b0 + c * NR), a0)
-        pstore(S, (npn - 1) * NR, a0)
+        pstore(S, p2 * NR, a1)
     _softmax_row(S, 0, kn, kn, 0, mrow, lrow, O, ldv, vc2, scale, W, zero)
     for vp in range(ldv // NR):
         o0 = o1 = psplat(O, 0.0)
