@@ -141,11 +141,32 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
 @kernel(inline="always", readonly=("A", "Bp"))
 def gemm_block(A, a_off, lda, i0, i1, Bp, b_off, K, N, p0, p1, C, c_off, ldc, accumulate, KC, bias_off):
     """C[i0:i1, columns of panels p0..p1) (+)= [bias +] A[i0:i1, 0:K] @ B, serially, for a
-    packed B of K rows (gemm_panels with the panel stride K * NR).  Inlined where it is
-    called: a call layer costs ~50 ns, and the lesson's toy block makes six of these calls."""
+    packed B of K rows (gemm_panels with the panel stride K * NR; gemv_panels for one row).
+    Inlined where it is called: a call layer costs ~50 ns, and the lesson's toy block makes
+    six of these calls."""
     NR = panel_lanes(Bp)
-    gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
-                bias_off)
+    if i1 - i0 == 1:
+        gemv_panels(A, a_off + i0 * lda, Bp, b_off, K * NR, K, N, p0, p1, C, c_off + i0 * ldc, accumulate,
+                    bias_off)
+    else:
+        gemm_panels(A, a_off, lda, i0, i1, Bp, b_off, K * NR, K, N, p0, p1, C, c_off, ldc, accumulate, KC,
+                    bias_off)
+
+
+@kernel(readonly=("A", "Bp"), standalone=True, internal=True)
+def gemv_panels(A, a_off, Bp, b_off, ldp, K, N, p0, p1, C, c_off, accumulate, bias_off):
+    """gemm_panels for one row (a decode step's GEMV, the head of one token): the row
+    A.flat[a_off : a_off + K] times panels p0..p1 into C.flat[c_off + p0*NR ...], in the
+    same k blocks of KC_ONE and so the same sums.  A function of its own, with m = 1
+    written at its one call of the micro-kernel: the copy of the micro-kernel inlined
+    here is then its one-row loop alone, which streams the weights at a plain read's
+    rate, where gemm_panels' call with m a variable ran 3-5% slower (docs/perf-log.md)."""
+    NR = panel_lanes(Bp)
+    for p in range(p0, p1):
+        for kc0 in range(0, K, KC_ONE):
+            micro_kernel(A, a_off + kc0, 0, 1, 1, Bp, b_off + p * ldp + kc0 * NR, NR, min(KC_ONE, K - kc0),
+                         C, c_off + p * NR, 0, min(NR, N - p * NR), accumulate or kc0 > 0,
+                         bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1)
 
 
 @kernel(readonly=("A", "Bp"), standalone=True)

@@ -116,7 +116,7 @@ def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
     n = min(d, c0 + NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_panels(hid, 0, ldh, 0, rows, Wf, o_2, dff * NR, dff, d, p, p + 1, out, 0, d, True, KC, -1)
+    gemm_block(hid, 0, ldh, 0, rows, Wf, o_2, dff, d, p, p + 1, out, 0, d, True, KC, -1)
 
 
 @kernel(readonly=("X", "H", "Wf"), standalone=True, internal=True)
