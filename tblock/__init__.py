@@ -40,8 +40,8 @@ def isa() -> str:
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the default "numba" backend
     for float32 and float64, so that no later call pays for compilation."""
-    from .backends.numba import warmup as _warmup
-    _warmup()
+    from .warm import warm_all
+    warm_all()
 
 __all__ = [
     "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount", "KVCache",
@@ -50,9 +50,9 @@ __all__ = [
     "set_num_threads", "threads", "warmup",
 ]
 
-# The lesson's lenses, its sidebars, the demo's model and the walk-through: loaded on first
-# use (tblock.analysis, ...), so that `import tblock` stays as light as the block itself.
-_LAZY_SUBMODULES = ("analysis", "demo", "dropout", "encdec", "lesson")
+# The lesson's lenses, its sidebars, the demo's model and the walk-through (tblock.lesson):
+# loaded on first use, so that `import tblock` stays as light as the block itself.
+_LAZY_SUBMODULES = ("lesson",)
 __all__ += list(_LAZY_SUBMODULES)
 # GPT-2 and its checkpoint loader (safetensors): loaded on first use too
 _LAZY_NAMES = {"GPT2": "gpt2", "GPT2Config": "gpt2"}

@@ -1,4 +1,4 @@
-"""The lesson's lenses (tblock.analysis) on every backend: perturbation test, per-block gain,
+"""The lesson's lenses (tblock.lesson.analysis) on every backend: perturbation test, per-block gain,
 the Systems-lens stack, the filter bank, and the exercises."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from scipy.special import erf
 
 import tblock
-from tblock import analysis
+from tblock.lesson import analysis
 from tblock.backends import numpy as oracle
 from tblock.rustlab import Rng
 
@@ -350,6 +350,6 @@ def test_exercise5_ln_affines():
 def test_submodules_load_lazily_from_the_package():
     import subprocess
     import sys
-    code = ("import sys, tblock; assert 'tblock.dropout' not in sys.modules; "
-            "import tblock.analysis as a; assert tblock.dropout.forward_dropout and tblock.analysis is a")
+    code = ("import sys, tblock; assert 'tblock.lesson' not in sys.modules; "
+            "assert tblock.lesson.run_lesson and 'tblock.lesson.analysis' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""The interactive demo's model (tblock.demo): Mulberry32, the block against an independent
+"""The interactive demo's model (tblock.lesson.demo): Mulberry32, the block against an independent
 JavaScript rendering of the demo's class, the tracer's events, and the demo's invariants.
 
 tests/data/demo_reference.json was written by ``node tests/data/demo_reference.mjs``, a
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import demo
+from tblock.lesson import demo
 
 BACKENDS = tblock.available_backends()
 DATA = pathlib.Path(__file__).parent / "data"

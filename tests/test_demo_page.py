@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tblock import demo
+from tblock.lesson import demo
 from tblock.lesson import demo_page, demo_server
 
 VOCAB = ["the", "cat", "sat", "on", "mat", "ran"]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import dropout as D
+from tblock.lesson import dropout as D
 
 BACKENDS = tblock.available_backends()
 EX = tblock.load_worked_example()

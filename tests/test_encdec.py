@@ -1,4 +1,4 @@
-"""Sidebar: encoder-decoder. tblock.encdec against a plain NumPy rendering of the same
+"""Sidebar: encoder-decoder. tblock.lesson.encdec against a plain NumPy rendering of the same
 equations written here, causality of the decoder, and the decoder's reach into the source."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tblock
-from tblock import encdec
+from tblock.lesson import encdec
 
 BACKENDS = tblock.available_backends()
 CFG = tblock.BlockConfig(d_model=8, n_heads=2, d_ff=24)

@@ -5,7 +5,7 @@ import pytest
 
 import tblock
 from tblock.backends import numpy as oracle
-from tblock.analysis import row_entropies_bits as entropy_bits
+from tblock.lesson.analysis import row_entropies_bits as entropy_bits
 
 from conftest import rel_err
 

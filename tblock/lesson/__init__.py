@@ -6,8 +6,7 @@
     encdec     encoder and decoder blocks with cross-attention
     demo       the interactive demo's tiny language model and its tracer
 
-Each runs on every backend; tblock.analysis, tblock.dropout, tblock.encdec and tblock.demo
-are the same modules under the names they have always had.
+Each runs on every backend. Import them by their place, e.g. ``from tblock.lesson import analysis``.
 """
 
 from .command import FIGURES, run_lesson, walkthrough, write_figures

@@ -1,4 +1,4 @@
-"""The interactive demo as a page: what it draws, computed by tblock.demo in Python.
+"""The interactive demo as a page: what it draws, computed by tblock.lesson.demo in Python.
 
 ``page_run(heads, positional, temperature)`` sends the demo's six tokens through its seeded
 TinyLM once, records the tracer's events, and turns them into everything the page shows:

@@ -2,7 +2,7 @@
 this folder). Nothing here downloads a browser: the chromium binary and its driver are named
 explicitly, so Selenium Manager is never asked for one.
 
-Expected values come from the demo model run directly in the test (tblock.demo.TinyLM and
+Expected values come from the demo model run directly in the test (tblock.lesson.demo.TinyLM and
 its tracer), never from what the page was sent.
 """
 
@@ -142,7 +142,7 @@ class Reference:
     should read at event k for token j, to the digits the page shows."""
 
     def __init__(self, heads=2, positional=True, temperature=1.0):
-        from tblock import demo
+        from tblock.lesson import demo
         self.events = []
         model = demo.TinyLM(VOCAB, dim=4, heads=heads, hidden=8, seed=1, backend="numpy")
         self.result = model.forward(SENTENCE, positional=positional, temperature=temperature,

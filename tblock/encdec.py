@@ -1,7 +1,0 @@
-"""tblock.encdec is tblock.lesson.encdec, under the name it has always had."""
-
-import sys
-
-from .lesson import encdec
-
-sys.modules[__name__] = encdec
