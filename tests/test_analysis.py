@@ -8,7 +8,7 @@ import pytest
 from scipy.special import erf
 
 import tblock
-from tblock.lesson import analysis
+from tblock.lesson import analysis, depth, sublayers
 from tblock.backends import numpy as oracle
 from tblock.rustlab import Rng
 
@@ -90,7 +90,7 @@ def test_ffn_sublayer_is_ffn_of_ln_or_ffn(backend, norm):
     X = 3.0 * H + 1.0                                            # far from standardised
     want_in = ln(X) if norm == "pre" else X
     want = gelu(want_in @ w.w_ff1, cfg.activation) @ w.w_ff2
-    np.testing.assert_allclose(analysis.ffn_sublayer(X, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sublayers.ffn_sublayer(X, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -107,7 +107,7 @@ def test_attn_sublayer_is_mha_of_ln_or_mha(backend, norm):
         A = np.exp(S - S.max(1, keepdims=True))
         heads.append(A / A.sum(1, keepdims=True) @ V[:, c])
     want = np.hstack(heads) @ w.w_o
-    np.testing.assert_allclose(analysis.attn_sublayer(H, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sublayers.attn_sublayer(H, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
 
 
 def test_perturb_rejects_bad_indices():
@@ -133,7 +133,7 @@ def test_no_residual_block_matches_its_equations(backend, norm):
     else:
         H_mid = ln(oracle.attention(H, w.arrays(), cfg, tr))                # LN1(MHA(H))
         want = ln(oracle.ffn(H_mid, w.arrays(), cfg, tr))                   # LN2(FFN(H_mid))
-    np.testing.assert_allclose(analysis.forward_no_residual(H, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sublayers.forward_no_residual(H, w, cfg, backend), want, rtol=1e-10, atol=1e-12)
 
 
 # ---- per-block gain ---------------------------------------------------------------------
@@ -141,8 +141,8 @@ def test_no_residual_block_matches_its_equations(backend, norm):
 def test_zero_block_is_the_identity_so_its_gain_is_one(backend):
     cfg, w, H = small_case()
     zero = tblock.BlockWeights(**{k: np.zeros_like(v) for k, v in w.arrays().items()})
-    for scheme in analysis.SCHEMES:
-        g = analysis.block_gain(H, zero, cfg, scheme=scheme, backend=backend)
+    for scheme in depth.SCHEMES:
+        g = depth.block_gain(H, zero, cfg, scheme=scheme, backend=backend)
         assert abs(g - 1.0) < 1e-9
 
 
@@ -150,7 +150,7 @@ def test_ffn_only_jacobian_matches_the_analytic_one(backend):
     """With attention zeroed, H_out_t = x + W2^T gelu(W1^T LN(x)) for token t's own row x, so
     J = I + W2^T diag(gelu'(z)) W1^T J_LN with J_LN = (I - 11^T/d - y y^T/d) / s (column form)."""
     cfg, w, H = small_case(activation="gelu_erf", seed=3)
-    w0 = analysis.without_attention(w)
+    w0 = sublayers.without_attention(w)
     d, t = cfg.d_model, 2
     x = H[t]
     mu, s = x.mean(), math.sqrt(x.var() + cfg.eps)
@@ -160,16 +160,16 @@ def test_ffn_only_jacobian_matches_the_analytic_one(backend):
     dgelu = 0.5 * (1 + erf(z / math.sqrt(2))) + z * np.exp(-z ** 2 / 2) / math.sqrt(2 * math.pi)
     J_exact = np.eye(d) + w.w_ff2.T @ np.diag(dgelu) @ w.w_ff1.T @ J_ln
     f = lambda B: tblock.forward(B, w0, cfg, backend=backend)
-    J_c = analysis.token_jacobian(f, H, token=t, scheme="central")
-    J_f = analysis.token_jacobian(f, H, token=t, scheme="forward")
+    J_c = depth.token_jacobian(f, H, token=t, scheme="central")
+    J_f = depth.token_jacobian(f, H, token=t, scheme="forward")
     np.testing.assert_allclose(J_c, J_exact, atol=1e-7)
     np.testing.assert_allclose(J_f, J_exact, atol=1e-4)
-    assert abs(analysis.sigma_max(J_c) - np.linalg.norm(J_exact, 2)) < 1e-7
+    assert abs(depth.sigma_max(J_c) - np.linalg.norm(J_exact, 2)) < 1e-7
 
 
 def test_forward_and_central_difference_gains_agree(backend):
-    gf = analysis.block_gain(EX.H_in, EX.weights, EX.cfg, backend=backend)
-    gc = analysis.block_gain(EX.H_in, EX.weights, EX.cfg, scheme="central", backend=backend)
+    gf = depth.block_gain(EX.H_in, EX.weights, EX.cfg, backend=backend)
+    gc = depth.block_gain(EX.H_in, EX.weights, EX.cfg, scheme="central", backend=backend)
     assert abs(gf - gc) < 1e-4
     assert gf > 1.0                                               # the residual path adds the identity
 
@@ -177,16 +177,16 @@ def test_forward_and_central_difference_gains_agree(backend):
 def test_jacobian_rejects_bad_arguments():
     f = lambda B: B
     with pytest.raises(ValueError, match="scheme"):
-        analysis.token_jacobian(f, EX.H_in, scheme="backward")
+        depth.token_jacobian(f, EX.H_in, scheme="backward")
     with pytest.raises(ValueError, match="step"):
-        analysis.token_jacobian(f, EX.H_in, step=0.0)
+        depth.token_jacobian(f, EX.H_in, step=0.0)
 
 
 # ---- residual stream along depth, the Systems-lens table --------------------------------
 
 @pytest.fixture(scope="module")
 def table():
-    return analysis.systems_table(EX.H_in, Ns=(2, 4, 8), cfg=EX.cfg, seed=1300)
+    return depth.systems_table(EX.H_in, Ns=(2, 4, 8), cfg=EX.cfg, seed=1300)
 
 
 def test_scaling_the_branches_bounds_the_stream(table):
@@ -212,27 +212,27 @@ def test_stack_trace_norms_are_the_stacks_residual_norms(backend):
     for scale_branches in (False, True):
         N = 3
         stack = tblock.Stack.init(cfg, N, 1300, scale_branches=scale_branches, dtype=np.float64)
-        st = analysis.stack_trace(EX.H_in, N, 1 / math.sqrt(2 * N) if scale_branches else 1.0, cfg=cfg,
+        st = depth.stack_trace(EX.H_in, N, 1 / math.sqrt(2 * N) if scale_branches else 1.0, cfg=cfg,
                                   seed=1300, backend=backend)
         np.testing.assert_allclose(st.norms, stack.residual_norms(EX.H_in, backend=backend), rtol=1e-12)
-    both = analysis.residual_norms_along_depth(EX.H_in, cfg, 3, seed=1300, backend=backend)
+    both = depth.residual_norms_along_depth(EX.H_in, cfg, 3, seed=1300, backend=backend)
     np.testing.assert_allclose(both["scaled"], st.norms, rtol=1e-12)
 
 
 def test_stack_trace_without_residuals_chains_the_no_residual_block(backend):
-    ws = analysis.stack_weights(EX.cfg, 2, seed=5)
-    st = analysis.stack_trace(EX.H_in, 2, 1.0, ws, EX.cfg, backend=backend, residual=False)
+    ws = depth.stack_weights(EX.cfg, 2, seed=5)
+    st = depth.stack_trace(EX.H_in, 2, 1.0, ws, EX.cfg, backend=backend, residual=False)
     H = EX.H_in
     norms = [np.linalg.norm(H)]
     for w in ws:
-        H = analysis.forward_no_residual(H, w, EX.cfg, backend)
+        H = sublayers.forward_no_residual(H, w, EX.cfg, backend)
         norms.append(np.linalg.norm(H))
     np.testing.assert_allclose(st.norms, norms, rtol=1e-12)
 
 
 def test_stack_trace_rejects_too_few_weights():
     with pytest.raises(ValueError, match="at least N=3"):
-        analysis.stack_trace(EX.H_in, 3, 1.0, [EX.weights], EX.cfg)
+        depth.stack_trace(EX.H_in, 3, 1.0, [EX.weights], EX.cfg)
 
 
 # ---- the lesson's own stacks (generator="rustlab") --------------------------------------
@@ -250,7 +250,7 @@ def test_the_lessons_systems_table(backend):
     """seed(1300) stacks from the lesson's generator give the lesson's table: the norm ratios to
     rounding, the gains to the finite difference's noise (a 1e-5 step magnifies the forward
     pass's rounding ~1e5 times, and the lesson's forward pass is not ours bit for bit)."""
-    rows = analysis.systems_table(EX.H_in, Ns=(2, 4, 8), cfg=EX.cfg, seed=1300, backend=backend,
+    rows = depth.systems_table(EX.H_in, Ns=(2, 4, 8), cfg=EX.cfg, seed=1300, backend=backend,
                                   generator="rustlab")
     for r in rows:
         nu, ns, gu, gs = LESSON_TABLE[r.N]
@@ -260,30 +260,30 @@ def test_the_lessons_systems_table(backend):
 
 def test_the_lessons_block_2(backend):
     """Block 2 from seed(14) on block 1's output: the lesson prints |H| = 14.85162630563989."""
-    w2 = analysis.lesson_block_weights(EX.cfg, Rng(14))
+    w2 = depth.lesson_block_weights(EX.cfg, Rng(14))
     H_out = tblock.forward(EX.H_in, EX.weights, EX.cfg, backend=backend)
     H_out2 = tblock.forward(H_out, w2, EX.cfg, backend=backend)
     assert abs(np.linalg.norm(H_out2) - 14.85162630563989) < 2e-14
 
 
 def test_rustlab_stack_weights_are_one_stream():
-    ws = analysis.stack_weights(EX.cfg, 3, seed=1300, generator="rustlab")
+    ws = depth.stack_weights(EX.cfg, 3, seed=1300, generator="rustlab")
     rng = Rng(1300)
     for w in ws:
-        expected = analysis.lesson_block_weights(EX.cfg, rng)
+        expected = depth.lesson_block_weights(EX.cfg, rng)
         assert all(np.array_equal(a, b) for a, b in zip(w.arrays().values(), expected.arrays().values()))
-    deeper = analysis.stack_weights(EX.cfg, 5, seed=1300, generator="rustlab")
+    deeper = depth.stack_weights(EX.cfg, 5, seed=1300, generator="rustlab")
     assert np.array_equal(deeper[2].w_ff2, ws[2].w_ff2)           # a deeper stack starts with the same blocks
     # seed 13's stream: H_in's 32 draws, then the worked example's block
     rng = Rng(13)
     rng.randn(4, 8)
-    assert np.array_equal(analysis.lesson_block_weights(EX.cfg, rng).w_ff2, EX.weights.w_ff2)
+    assert np.array_equal(depth.lesson_block_weights(EX.cfg, rng).w_ff2, EX.weights.w_ff2)
 
 
 def test_rustlab_residual_norms_are_the_stack_traces(backend):
-    both = analysis.residual_norms_along_depth(EX.H_in, EX.cfg, 3, seed=1300, backend=backend, generator="rustlab")
+    both = depth.residual_norms_along_depth(EX.H_in, EX.cfg, 3, seed=1300, backend=backend, generator="rustlab")
     for key, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(6))):
-        st = analysis.stack_trace(EX.H_in, 3, scale, cfg=EX.cfg, seed=1300, backend=backend, generator="rustlab")
+        st = depth.stack_trace(EX.H_in, 3, scale, cfg=EX.cfg, seed=1300, backend=backend, generator="rustlab")
         np.testing.assert_allclose(both[key], st.norms, rtol=1e-12)
     # its first two blocks are the lesson's N = 2 stack
     np.testing.assert_allclose(both["unscaled"][2] / both["unscaled"][0], LESSON_TABLE[2][0], rtol=1e-13)
@@ -291,13 +291,13 @@ def test_rustlab_residual_norms_are_the_stack_traces(backend):
 
 def test_generator_is_checked():
     with pytest.raises(ValueError, match=r"generator must be one of \('numpy', 'rustlab'\), got 'torch'"):
-        analysis.stack_weights(EX.cfg, 2, generator="torch")
+        depth.stack_weights(EX.cfg, 2, generator="torch")
     with pytest.raises(ValueError, match="generator must be one of"):
-        analysis.systems_table(EX.H_in, Ns=(2,), cfg=EX.cfg, generator="Rustlab")
+        depth.systems_table(EX.H_in, Ns=(2,), cfg=EX.cfg, generator="Rustlab")
     with pytest.raises(TypeError, match="seed must be a non-negative integer"):
-        analysis.stack_weights(EX.cfg, 2, seed=np.random.SeedSequence(1), generator="rustlab")
+        depth.stack_weights(EX.cfg, 2, seed=np.random.SeedSequence(1), generator="rustlab")
     with pytest.raises(ValueError, match="n_layers must be a non-negative integer, got -1"):
-        analysis.stack_weights(EX.cfg, -1, generator="rustlab")
+        depth.stack_weights(EX.cfg, -1, generator="rustlab")
 
 
 # ---- attention as a filter bank ---------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tblock import load_worked_example, rustlab
-from tblock.lesson import analysis
+from tblock.lesson import depth
 from tblock.rustlab import Rng
 
 
@@ -80,7 +80,7 @@ def test_seed13_draws_are_the_lessons_exactly():
     rng = Rng(13)
     H_in = rng.randn(4, 8)
     assert np.array_equal(H_in, ex.H_in)
-    w = analysis.lesson_block_weights(ex.cfg, rng)
+    w = depth.lesson_block_weights(ex.cfg, rng)
     for name in ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2"):
         assert np.array_equal(getattr(w, name), getattr(ex.weights, name)), name
     # the same draws written out as the lesson writes them
@@ -161,4 +161,4 @@ def test_bad_shapes_are_clear_errors(rows, cols, error, words):
 
 def test_lesson_block_weights_rejects_a_numpy_generator():
     with pytest.raises(TypeError, match="rng must be a tblock.rustlab.Rng, got Generator"):
-        analysis.lesson_block_weights(load_worked_example().cfg, np.random.default_rng(1))
+        depth.lesson_block_weights(load_worked_example().cfg, np.random.default_rng(1))

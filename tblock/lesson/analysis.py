@@ -1,14 +1,16 @@
-"""The lesson's lenses on one block, built on the public API (forward / trace / Stack).
+"""The lesson's lenses on one block, built on the public API (forward / trace).
 
-Everything here calls ``tblock.forward`` (or ``Stack``) with ``backend=...`` and reads
-the ``Trace``; nothing reaches into a backend. So every analysis runs on every backend.
+Everything here calls ``tblock.forward`` with ``backend=...`` and reads the ``Trace``;
+nothing reaches into a backend. So every analysis runs on every backend.
 
 - perturbation test (the two mixing axes): ``perturb``
-- residual stream along depth: ``residual_norms_along_depth`` (with the per-block gain,
-  ``token_jacobian``, ``block_gain``, ``stack_trace``, ``systems_table``, in ``depth``)
 - attention as a filter bank: ``filter_bank``, ``row_entropies_bits``
-- the exercises: ``forward_no_residual`` (Exercise 2), ``cfg.norm="post"`` everywhere
-  (Exercise 3), ``perturb(token=0)`` (Exercise 4), ``ln_affine_fraction`` (Exercise 5)
+- the exercises: ``cfg.norm="post"`` everywhere (Exercise 3), ``perturb(token=0)``
+  (Exercise 4), ``ln_affine_fraction`` (Exercise 5)
+
+The sublayer maps and Exercise 2 (``forward_no_residual``) are in ``sublayers``; the residual
+stream along depth (``residual_norms_along_depth``, ``block_gain``, ``stack_trace``,
+``systems_table``) in ``depth``.
 
 Tokens and channels are 0-based here; the lesson's "channel 1 of token 3" is
 ``perturb(..., token=2, channel=0)``.
@@ -17,7 +19,7 @@ Tokens and channels are 0-based here; the lesson's "channel 1 of token 3" is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,88 +27,7 @@ from ..api import check_input, forward
 from ..config import BlockConfig
 from ..counting import param_count
 from ..weights import BlockWeights
-
-ATTENTION_MATRICES = ("w_q", "w_k", "w_v", "w_o")
-
-
-def _check_cfg_weights(weights, cfg):
-    if not isinstance(cfg, BlockConfig):
-        raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
-    if not isinstance(weights, BlockWeights):
-        raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
-    weights.check(cfg)
-
-
-def _index(name, value, size):
-    """A 0-based index into ``size`` things; negative counts from the end, like Python."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if not -size <= value < size:
-        raise ValueError(f"{name} must be in [{-size}, {size}) (0-based), got {value}")
-    return int(value) % size
-
-
-# ---------------------------------------------------------------------------------------
-# The two sublayers as maps on the whole matrix
-# ---------------------------------------------------------------------------------------
-
-def without_attention(weights: BlockWeights) -> BlockWeights:
-    """The same block with W_Q, W_K, W_V, W_O set to zero: its MHA branch outputs 0."""
-    a = weights.arrays()
-    for name in ATTENTION_MATRICES:
-        a[name] = np.zeros_like(a[name])
-    return BlockWeights(**a)
-
-
-def attn_sublayer(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None):
-    """The attention sublayer's branch on ``H``: MHA(LN1(H)) for Pre-LN, MHA(H) for Post-LN.
-
-    Either way it is ``trace.A_out`` of ``forward(H)``: the trace's A_out is the branch
-    before the residual add (and, for Post-LN, before the LayerNorm)."""
-    _, tr = forward(H, weights, cfg, backend=backend, trace=True)
-    return tr.A_out
-
-
-def _identity_ln_affine(x, eps):
-    """gamma, beta that make LayerNorm the identity on the single row ``x`` (d_model,):
-    LN(x) = (x - mu) / sqrt(var + eps), so gamma = sqrt(var + eps), beta = mu undo it."""
-    mu = x.mean()
-    sigma = np.sqrt(((x - mu) ** 2).mean() + eps)
-    return np.full_like(x, sigma), np.full_like(x, mu)
-
-
-def ffn_sublayer(X, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None):
-    """The FFN sublayer's branch on ``X``: FFN(LN2(X)) for Pre-LN, FFN(X) for Post-LN.
-
-    Pre-LN: run the block with the attention matrices zeroed. Its MHA branch is then 0,
-    so H_mid = X + 0 = X exactly and ``trace.F_out`` = FFN(LN2(X)).
-
-    Post-LN: the FFN reads H_mid = LN1(X + MHA(X)) = LN1(X) when attention is zeroed, and a
-    LayerNorm without affine is not the identity. Because the FFN acts on each row alone,
-    we run one row at a time with LN1's affine set to gamma = sqrt(var + eps), beta = mean
-    of that row, which undoes the standardisation: H_mid = X_t (to rounding), and
-    ``trace.F_out`` = FFN(X_t). That is T calls of one token each; the LN2 affine (which
-    acts after F_out) is left as it was."""
-    _check_cfg_weights(weights, cfg)
-    X = check_input(X, cfg, "X")
-    ffn_only = without_attention(weights)
-    if cfg.norm == "pre":
-        _, tr = forward(X, ffn_only, cfg, backend=backend, trace=True)
-        return tr.F_out
-    cfg_affine = replace(cfg, ln_affine=True)
-    a = ffn_only.arrays()
-    d = cfg.d_model
-    a.setdefault("ln2_gamma", np.ones(d, dtype=weights.dtype))
-    a.setdefault("ln2_beta", np.zeros(d, dtype=weights.dtype))
-    rows = X.reshape(-1, d)                                  # (B*T, d_model): one token per call
-    F_out = np.empty_like(rows)
-    for r, x in enumerate(rows):
-        gamma, beta = _identity_ln_affine(x.astype(np.float64), cfg.eps)
-        a["ln1_gamma"], a["ln1_beta"] = gamma, beta
-        _, tr = forward(x[None, :], BlockWeights(**a), cfg_affine, backend=backend, trace=True)
-        F_out[r] = tr.F_out[0]
-    return F_out.reshape(X.shape)                            # (T, d_model) or (B, T, d_model)
-
+from .sublayers import attn_sublayer, check_cfg_weights, check_index, ffn_sublayer
 
 # ---------------------------------------------------------------------------------------
 # The two mixing axes: perturbation test
@@ -159,13 +80,13 @@ def perturb(H_in, weights: BlockWeights, cfg: BlockConfig, token: int = 2, chann
         dF = ffn_sublayer(H_mid_p) - F_out,     H_mid_p = H_mid with the bump
 
     The defaults are the lesson's: channel 1 of token 3 (1-based), +1.0."""
-    _check_cfg_weights(weights, cfg)
+    check_cfg_weights(weights, cfg)
     H_in = check_input(H_in, cfg, "H_in")
     if H_in.ndim != 2:
         raise ValueError(f"H_in must be one sequence (T, d_model), got shape {H_in.shape}")
     T, d = H_in.shape
-    token = _index("token", token, T)
-    channel = _index("channel", channel, d)
+    token = check_index("token", token, T)
+    channel = check_index("channel", channel, d)
     _, tr = forward(H_in, weights, cfg, backend=backend, trace=True)
     H_p = H_in.copy()
     H_p[token, channel] += delta                             # bump at the MHA input
@@ -174,35 +95,6 @@ def perturb(H_in, weights: BlockWeights, cfg: BlockConfig, token: int = 2, chann
     H_mid_p[token, channel] += delta                         # the same bump at the FFN input
     dF = ffn_sublayer(H_mid_p, weights, cfg, backend) - ffn_sublayer(tr.H_mid, weights, cfg, backend)
     return Perturbation(token=token, channel=channel, delta=float(delta), dA=dA, dF=dF)
-
-
-# ---------------------------------------------------------------------------------------
-# Exercise 2: the block without its residual connections
-# ---------------------------------------------------------------------------------------
-
-def forward_no_residual(H_in, weights: BlockWeights, cfg: BlockConfig, backend: str | None = None):
-    """Exercise 2: the block with both ``+`` removed, built from traces.
-
-    Pre-LN:  H_mid = MHA(LN1(H_in)) = A_out,   H_out = FFN(LN2(H_mid)) = F_out.
-    Post-LN: H_mid = LN1(MHA(H_in)),           H_out = LN2(FFN(H_mid)).
-
-    A_out is ``trace.A_out`` of ``forward(H_in)``. The FFN step is a forward with the
-    attention zeroed (so its H_mid is LN1(X) for Post-LN, X itself for Pre-LN); for Post-LN
-    the final LN2 is a third such call, whose H_mid is the LayerNorm of its input."""
-    _check_cfg_weights(weights, cfg)
-    _, tr = forward(H_in, weights, cfg, backend=backend, trace=True)
-    A_out = tr.A_out
-    ffn_only = without_attention(weights)
-    _, tr2 = forward(A_out, ffn_only, cfg, backend=backend, trace=True)
-    if cfg.norm == "pre":
-        return tr2.F_out                                    # FFN(LN2(A_out))
-    # Post-LN: tr2.H_mid = LN1(A_out), tr2.F_out = FFN(LN1(A_out)); LN2 of that is one more
-    # zero-attention call with LN2's affine in LN1's place (the first LN is what we read)
-    a = ffn_only.arrays()
-    if cfg.ln_affine:
-        a["ln1_gamma"], a["ln1_beta"] = a["ln2_gamma"], a["ln2_beta"]
-    _, tr3 = forward(tr2.F_out, BlockWeights(**a), cfg, backend=backend, trace=True)
-    return tr3.H_mid                                         # LN2(FFN(LN1(MHA(H_in))))
 
 
 def row_entropies_bits(A) -> np.ndarray:
@@ -273,21 +165,3 @@ def ln_affine_negligible_from(threshold: float = 0.01) -> int:
 def ln_affine_delta(cfg: BlockConfig) -> int:
     """How much the per-block count grows with both LayerNorm affines: 4 d_model."""
     return param_count(cfg, ln_affine=True) - param_count(cfg, ln_affine=False)
-
-
-# The depth lenses live in tblock.lesson.depth (which imports this module's helpers), and
-# are this module's names too, loaded on first use.
-DEPTH_NAMES = ("GENERATORS", "SCHEMES", "block_gain", "lesson_block_weights", "residual_norms_along_depth",
-               "sigma_max", "stack_trace", "StackTrace", "stack_weights", "systems_table", "SystemsRow",
-               "token_jacobian")
-
-
-def __getattr__(name):
-    if name in DEPTH_NAMES:
-        from . import depth
-        return getattr(depth, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(DEPTH_NAMES))

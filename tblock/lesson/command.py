@@ -2,7 +2,7 @@
 and the lesson's figures as PNG files.
 
 Everything is computed through the public API (``tblock.forward``, ``Stack``) and
-``tblock.analysis`` on the chosen backend. The worked example's weights are shipped; the
+``tblock.lesson.analysis`` and ``depth`` on the chosen backend. The worked example's weights are shipped; the
 lesson's other weights (block 2 drawn with seed(14), the Systems-lens stack with seed(1300))
 are drawn again by ``tblock.rustlab``, the lesson's own generator reproduced bit for bit, so
 every number printed beside the lesson's comes from the lesson's own weights.
@@ -23,7 +23,7 @@ from ..counting import param_breakdown, param_count
 from ..rustlab import Rng
 from ..weights import init_weights
 from ..worked_example import LESSON_PRINTED, load_worked_example
-from . import analysis
+from . import analysis, depth
 
 # the Systems-lens table as the lesson prints it: N -> (ratio unscaled, scaled, max gain unscaled, scaled)
 LESSON_SYSTEMS = {
@@ -108,7 +108,7 @@ def walkthrough(backend=None, out=print):
     out("")
 
     out(f"Stacking two blocks (block 2: the lesson's seed({BLOCK2_SEED}) weights, drawn by tblock.rustlab)")
-    w2 = analysis.lesson_block_weights(cfg, Rng(BLOCK2_SEED))
+    w2 = depth.lesson_block_weights(cfg, Rng(BLOCK2_SEED))
     H_out2 = forward(tr.H_out, w2, cfg, backend=backend)
     # 16 digits: the lesson prints block 2's norm so (Rust's shortest round-trip form)
     _row(out, "after block 1 |H|", P["norm_H_out"], n(tr.H_out), digits=16)
@@ -128,7 +128,7 @@ def walkthrough(backend=None, out=print):
 
     out(f"Systems lens: N fresh blocks on H_in, branches as initialised vs scaled by 1/sqrt(2N)")
     out(f"  the lesson's blocks: seed({STACK_SEED}), then stack_trace's draws, by tblock.rustlab")
-    table = analysis.systems_table(H_in, Ns=(2, 4, 8), cfg=cfg, seed=STACK_SEED, backend=backend,
+    table = depth.systems_table(H_in, Ns=(2, 4, 8), cfg=cfg, seed=STACK_SEED, backend=backend,
                                    generator="rustlab")
     out(f"  {'':<8}{'N':>3}  {'|H_N|/|H_0| unscaled':>21} {'scaled':>9}   {'max sigma_max(J) unscaled':>26} {'scaled':>9}")
     for r in table:
@@ -154,8 +154,8 @@ def walkthrough(backend=None, out=print):
     out(f"  1. T=16, d_model=64, H=8: H_in {H_big.shape}, H_mid {trb.H_mid.shape}, H_out {trb.H_out.shape}, "
         f"F_pre {trb.F_pre.shape}, F_out {trb.F_out.shape}; only the per-head pieces depend on H: "
         f"A {trb.A.shape}, Q_h (16, {big.d_k})")
-    nores = analysis.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend, residual=False)
-    withres = analysis.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend)
+    nores = depth.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend, residual=False)
+    withres = depth.stack_trace(H_in, 2, 1.0, [w, w2], cfg, backend=backend)
     out(f"  2. no residuals, the lesson's blocks 1 and 2: |H| {_vec(nores.norms, 3)} "
         f"(with residuals {_vec(withres.norms, 3)})")
     out(f"     sigma_max(J) per block without the identity path {_vec(nores.gains, 3)}, with it "

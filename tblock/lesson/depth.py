@@ -1,7 +1,6 @@
 """The lesson's depth lenses: each block's gain (the largest singular value of its token
 Jacobian) and the residual stream through a stack of blocks, with and without the
-1/sqrt(2N) branch scaling.  On the public API, like ``analysis``, which offers every name
-here as its own (``analysis.stack_trace`` is ``depth.stack_trace``).
+1/sqrt(2N) branch scaling.  On the public API, like ``analysis``.
 
 The stacks are drawn by NumPy (``generator="numpy"``) or by the lesson's own generator
 (``generator="rustlab"``, ``tblock.rustlab``), which reproduces the lesson's weights exactly."""
@@ -17,7 +16,7 @@ from ..api import Stack, check_input, forward
 from ..config import BlockConfig
 from ..rustlab import Rng
 from ..weights import BlockWeights, init_weights
-from .analysis import _check_cfg_weights, _index, forward_no_residual
+from .sublayers import check_cfg_weights, check_index, forward_no_residual
 
 
 def _block_fn(weights, cfg, backend, residual):
@@ -46,7 +45,7 @@ def token_jacobian(block, H, token: int = -1, step: float = 1e-5, scheme: str = 
         raise ValueError(f"step must be a positive finite number, got {step!r}")
     H = np.asarray(H, dtype=np.float64)
     T, d = H.shape
-    token = _index("token", token, T)
+    token = check_index("token", token, T)
     bumps = np.zeros((d, T, d))                             # (d, T, d_model): bump j in copy j
     bumps[np.arange(d), token, np.arange(d)] = step
     if scheme == "forward":
@@ -69,7 +68,7 @@ def block_gain(H, weights: BlockWeights, cfg: BlockConfig, token: int = -1, step
                scheme: str = "forward", backend: str | None = None, residual: bool = True) -> float:
     """sigma_max of the Jacobian of token ``token``'s block output w.r.t. its own input
     (default the last token, T, as in the lesson's Systems lens)."""
-    _check_cfg_weights(weights, cfg)
+    check_cfg_weights(weights, cfg)
     H = check_input(H, cfg)
     return sigma_max(token_jacobian(_block_fn(weights, cfg, backend, residual), H, token, step, scheme))
 

@@ -31,7 +31,7 @@ from ..api import check_input, forward
 from ..backends.numpy import head_mix, head_probs, layernorm, softmax_rows
 from ..config import BlockConfig
 from ..weights import BlockWeights, as_float_array, check_finite, init_weights
-from .analysis import without_attention
+from .sublayers import without_attention
 
 CROSS_MATRICES = ("w_q", "w_k", "w_v", "w_o")
 
