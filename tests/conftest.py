@@ -1,7 +1,21 @@
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import tblock
+
+# the programs tests run in child processes: tests/procs/<name>.py, run by path
+PROCS = Path(__file__).resolve().parent / "procs"
+
+
+def proc(name: str, *args) -> list[str]:
+    """The command line running tests/procs/<name>.py with ``args`` in this interpreter."""
+    script = PROCS / f"{name}.py"
+    if not script.is_file():
+        raise ValueError(f"no child program {name!r}: {script} does not exist")
+    return [sys.executable, str(script), *map(str, args)]
 
 # every backend that can run here; the oracle is always among them
 BACKENDS = tblock.available_backends()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
+from conftest import proc
 
 import tblock
 from tblock.kernels import isa
@@ -21,20 +20,21 @@ from tblock.kernels.gemm import KC, NV, panel_width
 from tblock.kernels.simd import lanes, panel_lanes
 from numba import njit
 
+pytestmark = pytest.mark.isa
+
 RUNNABLE = isa.PATH.runnable
 
 
-def run_py(code: str, **env) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter with these environment variables added
-    (a value of None removes the variable)."""
+def run_check(check: str, **env) -> subprocess.CompletedProcess:
+    """Run tests/procs/isa_paths.py's ``check`` in a fresh interpreter with these
+    environment variables added (a value of None removes the variable)."""
     full = dict(os.environ)
     for k, v in env.items():
         if v is None:
             full.pop(k, None)
         else:
             full[k] = v
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(proc("isa_paths", check), env=full, capture_output=True, text=True, timeout=600)
 
 
 @njit
@@ -79,23 +79,10 @@ def test_without_avx512_turns_off_every_avx512_feature():
                                                           or "avx10" in f)]
 
 
-WORKED = """
-    import json, numpy as np, tblock
-    from tblock.kernels import isa
-    from tblock.kernels.simd import lanes
-    from numba import njit
-    ex = tblock.load_worked_example()
-    out = tblock.forward(ex.H_in, ex.weights, ex.cfg)
-    out32 = tblock.forward(ex.H_in.astype(np.float32), ex.weights, ex.cfg)
-    w = njit(lambda x: lanes(x))(np.zeros(1, np.float32))
-    print(json.dumps(dict(isa=tblock.isa(), lanes=int(w), forced=isa.PATH.forced, cpu=isa.PATH.cpu,
-                          out=out.tolist(), out32=out32.astype(float).tolist())))
-"""
-
-
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_forced_path_reports_itself_and_reproduces_the_lesson(name):
-    r = run_py(WORKED, TBLOCK_ISA=name)
+    r = run_check("worked", TBLOCK_ISA=name)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["isa"] == name and got["forced"]
@@ -108,23 +95,9 @@ def test_forced_path_reports_itself_and_reproduces_the_lesson(name):
     np.testing.assert_allclose(np.array(got["out32"]), ref, rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.subprocess
 def test_bad_tblock_isa_is_a_clear_error_and_leaves_the_other_backends():
-    r = run_py("""
-        import numpy as np, tblock
-        print(tblock.available_backends())
-        try:
-            tblock.isa()
-        except ValueError as e:
-            print("isa:", e)
-        cfg = tblock.BlockConfig(d_model=8, n_heads=2)
-        w = tblock.init_weights(cfg, seed=0)
-        H = np.ones((3, 8), np.float32)
-        print(tblock.forward(H, w, cfg, backend="numpy").shape)
-        try:
-            tblock.forward(H, w, cfg)
-        except ValueError as e:
-            print("forward:", type(e).__name__, e)
-    """, TBLOCK_ISA="sse9")
+    r = run_check("bad_isa", TBLOCK_ISA="sse9")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert "numba" not in lines[0] and "numpy" in lines[0]
@@ -133,54 +106,39 @@ def test_bad_tblock_isa_is_a_clear_error_and_leaves_the_other_backends():
     assert lines[3].startswith("forward: BackendUnavailable") and "avx512, avx2, generic" in lines[3]
 
 
+@pytest.mark.subprocess
 def test_a_path_the_target_cannot_run_is_refused():
     # Numba told to compile for Haswell (AVX2, no AVX-512): the avx512 path must be refused
-    r = run_py("import tblock; print(tblock.isa())", TBLOCK_ISA="avx512",
+    r = run_check("isa", TBLOCK_ISA="avx512",
                NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
     assert r.returncode != 0
     assert "TBLOCK_ISA=avx512" in r.stderr and "'haswell'" in r.stderr and "at most the avx2 path" in r.stderr
 
 
+@pytest.mark.subprocess
 def test_numba_cpu_name_selects_the_path_without_tblock_isa():
-    r = run_py("import tblock; print(tblock.isa())", TBLOCK_ISA=None,
+    r = run_check("isa", TBLOCK_ISA=None,
                NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["avx2"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="this machine runs one path only: nothing to narrow to")
 def test_narrowing_after_numba_compiled_is_refused():
-    r = run_py("""
-        from numba import njit
-        njit(lambda x: x + 1)(1)          # Numba's target is fixed from here on
-        import tblock
-        tblock.isa()
-    """, TBLOCK_ISA="generic", NUMBA_CPU_NAME=None, NUMBA_CPU_FEATURES=None)
+    r = run_check("narrow", TBLOCK_ISA="generic", NUMBA_CPU_NAME=None, NUMBA_CPU_FEATURES=None)
     assert r.returncode != 0
     assert "already compiled" in r.stderr
 
 
-CACHED = """
-    import json, numpy as np
-    from tblock.kernels import isa
-    from tblock.kernels.layernorm import layernorm_rows
-    X = np.arange(24, dtype=np.float32)
-    Y = np.empty_like(X)
-    P = np.concatenate([np.ones(12, np.float32), np.zeros(12, np.float32)])
-    layernorm_rows(X, 0, 12, Y, 0, 12, 2, 12, P, 0, 12, 1e-5)
-    s = layernorm_rows.stats
-    print(json.dumps(dict(hits=sum(s.cache_hits.values()), misses=sum(s.cache_misses.values()),
-                          path=str(s.cache_path), key=isa.PATH.key)))
-"""
-
-
+@pytest.mark.subprocess
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="this machine runs one path only: no other path's cache")
 def test_numba_cache_never_hands_one_paths_code_to_another(tmp_path):
     a, b = RUNNABLE[0], RUNNABLE[1]
     env = dict(NUMBA_CACHE_DIR=str(tmp_path))
     runs = [(a, "miss"), (a, "hit"), (b, "miss"), (b, "hit"), (a, "hit")]
     for name, expect in runs:
-        r = run_py(CACHED, TBLOCK_ISA=name, **env)
+        r = run_check("cached", TBLOCK_ISA=name, **env)
         assert r.returncode == 0, r.stderr[-3000:]
         got = json.loads(r.stdout.strip().splitlines()[-1])
         assert got["path"].startswith(str(tmp_path)) and got["path"].endswith("tblock-" + got["key"])
