@@ -70,7 +70,7 @@ def rss_bytes() -> int:
 
 def weight_bytes(ours) -> dict:
     """Bytes of float32 weights one decode step streams (see the module's docstring)."""
-    from tblock.backends.numba import _packed
+    from tblock.backends.numba.packing import packed as _packed
     blocks = sum(a.nbytes for w in ours.blocks for a in w.arrays().values())
     packed = sum(_packed(w, np.float32).nbytes for w in ours.blocks)
     return {"blocks": blocks, "head": ours.wte.nbytes, "total": blocks + ours.wte.nbytes,

@@ -52,7 +52,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _runtime
 from .api import Stack, get_backend
 from .backends import DEFAULT_BACKEND
 from .config import BlockConfig, _check_bool, _check_int
@@ -62,9 +61,6 @@ from .weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite
 # Hugging Face's activation names -> BlockConfig's; gelu_new and gelu_pytorch_tanh are both
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu" is the exact erf form
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_erf", "relu": "relu"}
-
-# below this many FLOPs the head runs serially (as the numba backend's block does)
-HEAD_PARALLEL_MIN_FLOPS = 2_000_000
 
 
 def _where(where: str) -> str:
@@ -570,46 +566,24 @@ class GPT2:
 
     def _prepare_step(self, cache: list[KVCache]) -> None:
         """After a checked decode step with these caches: the next steps with them take
-        _step_logits' path (one compiled call).  Caches of several sizes keep the checked path."""
-        if len({c.max_T for c in cache}) == 1:
-            from .backends.numba import DecodeStep
-            self._step = DecodeStep([b.weights for b in self.stack.blocks], self.stack.cfg, cache, self.wte,
-                                    self.wpe, self.ln_f, self.config.layer_norm_epsilon, self._head,
-                                    self._head_is_large(cache[0].batch))
+        the backend's prepared step (one compiled call), where it has one."""
+        from .backends import numba as backend
+        self._step = backend.prepare_decode([b.weights for b in self.stack.blocks], self.stack.cfg, cache,
+                                            self.wte, self.wpe, self.ln_f, self.config.layer_norm_epsilon,
+                                            self._packed_head())
 
     def _step_logits(self, ids, cache, backend, out):
-        """next_logits of one token a sequence in one compiled call, when the caches are
-        those of the last decode step (_prepare_step) and nothing else needs a check the
-        step does not make; None otherwise (or on any error: the checked path then
-        raises it), with nothing changed."""
-        step = self._step
-        if (step is None or (backend is not None and backend != "numba") or DEFAULT_BACKEND != "numba"
-                or not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu"
-                or not isinstance(cache, (list, tuple)) or len(cache) != len(step.caches)):
+        """next_logits of one token a sequence through the prepared step, when the caches
+        are those it was prepared for; None otherwise, with nothing changed."""
+        if self._step is None or (backend is not None and backend != "numba") or DEFAULT_BACKEND != "numba":
             return None
-        B = step.batch
-        if ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None):
-            return None
-        for mine, theirs in zip(step.caches, cache):
-            if mine() is not theirs:
-                return None
-        past = cache[0]._length
-        if past + 1 > step.max_T or past + 1 > self.config.n_positions:
-            return None
-        for c in cache:
-            if c._length != past:
-                return None
-        if out is None:
-            out = np.empty((B, step.vocab), dtype=self.dtype)
-        elif (not isinstance(out, np.ndarray) or out.shape != (B, step.vocab) or out.dtype != self.dtype
-              or not out.flags.c_contiguous or not out.flags.writeable):
-            return None
-        step.ids[:] = ids.reshape(B)        # a token id past int64 wraps negative: refused in the step
-        if step(cache[0], past, out.reshape(B * step.vocab)) != -1:
-            return None
-        for c in cache:
-            c._length = past + 1
-        return out if ids.ndim == 2 else out[0]
+        return self._step(ids, cache, out)
+
+    def _packed_head(self):
+        if self._head is None:
+            from .backends import numba as backend
+            self._head = backend.prepare_head(self.wte, self.dtype)
+        return self._head
 
     def _logits(self, H: np.ndarray, backend: str, out: np.ndarray | None = None, scratch: bool = False) -> np.ndarray:
         """LN_f(H) @ wte^T for H (B, T, d), into ``out`` (B, T, vocab) when given.
@@ -627,25 +601,8 @@ class GPT2:
             Xn = (X - mu) / np.sqrt(var + eps) * self.ln_f[:d] + self.ln_f[d:]
             out[...] = Xn @ self.wte.T.astype(np.float64)
             return out
-        from .backends.numba import parallel_call
-        from .kernels.lm_head import head_parallel, head_serial, pack_head
-        if self._head is None:
-            self._head = pack_head(self.wte, self.dtype)
-        rows = B * T
-        X = np.ascontiguousarray(H, dtype=self.dtype).reshape(rows * d)     # (B*T*d,) flat rows
-        flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
-        if not self._head_is_large(rows) or not _runtime.parallel_allowed():
-            head_serial(X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch, 1)
-        else:
-            parallel_call(head_parallel, X, rows, d, self.ln_f, eps, self._head, vocab, flat, scratch,
-                          pass_threads=True)
-        return out
-
-    def _head_is_large(self, rows: int) -> bool:
-        """Whether the head over ``rows`` rows has the FLOPs to run in parallel (as the
-        numba backend's block does below its own threshold)."""
-        vocab, d = self.wte.shape
-        return 2 * rows * d * vocab >= HEAD_PARALLEL_MIN_FLOPS
+        from .backends import numba as backend
+        return backend.lm_head(H, self.ln_f, eps, self._packed_head(), out, scratch)
 
     def param_count(self) -> int:
         """Parameters, the tied head counted once (as config.param_count())."""

@@ -170,6 +170,16 @@ class BlockWeights:
         self._cache["last_checked"] = cfg
         return self
 
+    @property
+    def prepared_state(self) -> dict:
+        """What backends prepared from these weights (packed copies, call plans), by key:
+        the backend's to read and fill; the weights never change, so entries stay valid."""
+        return self._cache
+
+    def is_checked(self, cfg: BlockConfig) -> bool:
+        """Whether the last check() was against this very config object (identity)."""
+        return self._cache.get("last_checked") is cfg
+
     def prepared(self, key, build):
         """Backend helper: ``build(self)`` once, then reuse it (the weights never change)."""
         try:

@@ -32,7 +32,7 @@ def probe(q):
     from tblock import _runtime
     from tblock.backends import numba as nb
     try:
-        nb.parallel_call(lambda: None)
+        nb.parallel.parallel_call(lambda: None)
         q.put((_runtime.serial_only(), "ran"))
     except RuntimeError as e:
         q.put((_runtime.serial_only(), str(e)))
@@ -60,7 +60,7 @@ if __name__ == "__main__":
 
 
 def test_the_scripts_call_is_parallel():
-    assert nb._block_flops(1, 256, 64, 256, True) >= nb.PARALLEL_MIN_FLOPS
+    assert nb.packing.block_flops(1, 256, 64, 256, True) >= nb.parallel.PARALLEL_MIN_FLOPS
 
 
 LAYERS = ["default", "workqueue"]     # Numba's own choice (OpenMP where libgomp is found)

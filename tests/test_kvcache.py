@@ -200,9 +200,9 @@ def test_wide_batch(backend, dtype, monkeypatch):
     full = tblock.forward(H, w, cfg, backend=backend)
     parallel = []
     if backend == "numba":
-        from tblock.backends import numba as numba_backend
-        run_parallel = numba_backend.parallel_call
-        monkeypatch.setattr(numba_backend, "parallel_call", lambda *a, **k: parallel.append(1) or run_parallel(*a, **k))
+        from tblock.backends.numba import cached
+        run_parallel = cached.parallel_call
+        monkeypatch.setattr(cached, "parallel_call", lambda *a, **k: parallel.append(1) or run_parallel(*a, **k))
     cache = tblock.KVCache(cfg, max_T=T, batch=B, dtype=dtype)
     got = decode(forward_with(w, cfg, backend), H, cache, [4, 1, 1, 3, 1])
     assert rel_err(got, full) <= TOL[np.dtype(dtype)]
@@ -571,7 +571,7 @@ def test_numba_stack_in_one_call_equals_block_by_block(d_model, n_heads, T, dtyp
     H = sequences(cfg, 2, T, dtype)
     one, by_block = stack.make_cache(T, 2, dtype), stack.make_cache(T, 2, dtype)
     mixed = [tblock.KVCache(cfg, T + l, 2, dtype) for l in range(3)]
-    calls = _calls(monkeypatch, nb, "cached_serial", "cached_parallel")
+    calls = _calls(monkeypatch, nb.cached, "cached_serial", "cached_parallel")
     at = 0
     for n in (T - 3, 1, 2):
         X = H[:, at:at + n]

@@ -253,7 +253,7 @@ def test_block_the_same_for_any_thread_count(case, T, nthr, dtype):
     from tblock.kernels.block import block_parallel, block_serial
     cfg, _, B, _, seed = case
     H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
-    _, flat, scalars, *_ = nb._plan(random_weights(cfg, seed), cfg, H.dtype)
+    _, flat, scalars, *_ = nb.packing.make_plan(random_weights(cfg, seed), cfg, H.dtype)
     want = np.empty_like(H)
     bad = block_serial(H, flat, want, T, cfg.d_model, *scalars, 1)
     got, bad_too = block_parallel(H, flat, T, cfg.d_model, *scalars, nthr)

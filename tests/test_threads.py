@@ -28,7 +28,7 @@ def parallel_case():
     cfg = tblock.BlockConfig(d_model=64, n_heads=4)
     w = tblock.init_weights(cfg, seed=3)
     H = np.random.default_rng(3).standard_normal((2, 300, 64)).astype(np.float32)
-    assert nb._block_flops(2, 300, 64, 256, True) >= nb.PARALLEL_MIN_FLOPS
+    assert nb.packing.block_flops(2, 300, 64, 256, True) >= nb.parallel.PARALLEL_MIN_FLOPS
     return cfg, w, H
 
 
@@ -37,7 +37,7 @@ def seen(monkeypatch):
     """What each block call ran on: ("serial",) or ("parallel", nthr argument, Numba's count
     in the calling thread); one thread runs the serial block (the same bits)."""
     calls = []
-    serial, parallel = nb.block_serial, nb.block_parallel
+    serial, parallel = nb.forward.block_serial, nb.forward.block_parallel
 
     def spy_serial(*args):
         calls.append(("serial",))
@@ -46,8 +46,8 @@ def seen(monkeypatch):
     def spy_parallel(*args):
         calls.append(("parallel", args[-1], numba.get_num_threads()))
         return parallel(*args)
-    monkeypatch.setattr(nb, "block_serial", spy_serial)
-    monkeypatch.setattr(nb, "block_parallel", spy_parallel)
+    monkeypatch.setattr(nb.forward, "block_serial", spy_serial)
+    monkeypatch.setattr(nb.forward, "block_parallel", spy_parallel)
     return calls
 
 

@@ -61,7 +61,7 @@ def fma_loop(threads):
 def fma_rate(n, threads):
     """GFLOP/s of one run of the FMA loop (n iterations per thread), run as tblock's
     parallel calls are (parallel_call, on its thread count)."""
-    from ..backends.numba import parallel_call
+    from ..backends.numba.parallel import parallel_call
     loop, flops_per_iter = fma_loop(threads)
     return threads * n * flops_per_iter / seconds(parallel_call, loop, n) / 1e9
 
@@ -145,7 +145,7 @@ def memory_bandwidth(threads: int, nbytes: int = 1 << 30, runs: int = 10) -> dic
     second, counting the bytes read plus the bytes written (STREAM's convention; the
     write-allocate reads are not counted).  Best and median of ``runs`` passes each,
     after one untimed pass that touches every page."""
-    from ..backends.numba import parallel_call
+    from ..backends.numba.parallel import parallel_call
     read, copy = _stream_kernels()
     a = np.ones(nbytes // 4, np.float32)            # written here: every page is touched now
     out = np.empty(threads, np.float32)
@@ -171,7 +171,7 @@ def read_pass(nbytes: int, threads: int):
     as memory_bandwidth's read does: to time among other work in the same rounds, so that
     a memory-bound call and the floor it is held to see the same machine (a shared host's
     bandwidth swings by a third between moments)."""
-    from ..backends.numba import parallel_call
+    from ..backends.numba.parallel import parallel_call
     read, _ = _stream_kernels()
     a = np.ones(nbytes // 4, np.float32)            # written here: every page is touched now
     out = np.empty(threads, np.float32)

@@ -1,0 +1,150 @@
+"""Blocks with KV caches: a cached forward, a stack in one call, a prepared decode step.
+
+A cached call writes the new tokens' keys and values into the cache's arrays and attends
+over everything cached (kernels.block, past >= 0).  A stack's blocks run in one compiled
+call through a table of their arrays' addresses.  ``DecodeStep`` goes further: the whole
+language-model step (embedding, stack, LN_f, head: kernels.decode) in one crossing, for
+a list of caches checked once.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ... import _runtime
+from ...config import BlockConfig
+from ...kernels.block import PLAN_COLS, PLAN_ROWS, cached_parallel, cached_serial
+from ...kernels.decode import decode_step
+from .lm import head_is_large
+from .packing import cached_flops, make_plan, packed_address, plan_of
+from .parallel import is_serial, parallel_call
+
+# the table of blocks a call runs (kernels.block's ``layers``): none but the one it is given
+ONE_BLOCK = np.empty((0, 3), dtype=np.intp)
+
+
+def forward_cached(H, weights, cfg, cache):
+    """The KV-cache entry point of tblock.api: H (B, T_new, d_model) holds the tokens after
+    the cache's first cache.length; returns H_out, or None when H holds a NaN or an Inf
+    (nothing is written then)."""
+    out, bad = run_cached(H, weights, cfg, cache, ONE_BLOCK, True)
+    return out if bad < 0 else None
+
+
+def forward_stack_cached(H, weights, cfg, caches, fresh=True):
+    """tblock.Stack's blocks with their caches in one compiled call: H as forward_cached's,
+    weights and caches one per block (checked by the caller).  Returns (H_out, -1), or
+    (None, i) when block i's input holds a NaN or an Inf (the caches' lengths unchanged).
+    fresh=False: H_out may be scratch of caches[0].work, which the next call overwrites."""
+    # the lists hold the arrays alive through the call, and every one has block 0's size
+    # (one config, dtype, batch and max_T: tblock.Stack checks)
+    out, bad = run_cached(H, weights[0], cfg, caches[0], layers_table(weights, caches, H.dtype), fresh)
+    return (out, -1) if bad < 0 else (None, bad)
+
+
+def layers_table(weights, caches, dtype) -> np.ndarray:
+    """(n, 3) intp: the data addresses of block i's packed weights, K and V, through which
+    the compiled block reaches a stack's arrays (kernels.block's ``layers``)."""
+    return np.array([(packed_address(w, dtype),) + c.addresses() for w, c in zip(weights, caches)], dtype=np.intp)
+
+
+def cache_args(cache, layers):
+    """The cached block's arguments after the config's: K, V, past, max_T, the table of
+    blocks, room for the stage plan, the work buffer."""
+    return (cache.K.reshape(-1), cache.V.reshape(-1), cache.length, cache.max_T, layers,
+            np.empty((PLAN_ROWS, PLAN_COLS), np.intp), cache.work)
+
+
+def run_cached(H, weights, cfg, cache, layers, fresh):
+    """kernels.block with a cache: weights and cache those of block 0 of ``layers``.  A
+    decode step takes its scratch from cache.work; fresh: an output there is copied out."""
+    _, flat, scalars, per_row, per_key = plan_of(weights, cfg, H.dtype)
+    B, T, d = H.shape
+    args = (H, flat, T, d) + scalars + cache_args(cache, layers)
+    if is_serial(cached_flops(B, T, cache.length, per_row, per_key)):
+        out, bad = cached_serial(*args, 1)
+    else:
+        out, bad = parallel_call(cached_parallel, *args, pass_threads=True)
+    if fresh and np.may_share_memory(out, cache.work):
+        out = out.copy()
+    return out, bad
+
+
+class DecodeStep:
+    """A language model's decode step (kernels.decode) prepared for one list of caches.
+
+    Everything a step passes but the tokens, the position, the logits' buffer and the
+    first cache's arrays is made here once: the table of every block's packed weights and
+    caches, the head's packed embedding, the step's scratch.  The caller has run a step of
+    the checked path with these caches, so their config, dtype, batch and size are known
+    good and stay so (a KVCache's arrays are fixed); a step then checks only what can
+    change, the tokens, the caches' lengths and that the list holds these caches, and
+    crosses into compiled code once.  The step holds the caches weakly: a dropped list's
+    memory is freed, and the step no longer matches any list.
+
+    blocks: the stack's BlockWeights; caches: one KVCache each, one max_T; E (vocab, d),
+    P (positions, d): the embeddings; ln_f = [gamma | beta]; head: lm.prepare_head(E)."""
+
+    def __init__(self, blocks, cfg: BlockConfig, caches, E, P, ln_f, eps_f: float, head):
+        c0 = caches[0]
+        dtype, B, d = c0.dtype, c0.batch, cfg.d_model
+        _, flat, scalars, self.per_row, self.per_key = make_plan(blocks[0], cfg, dtype)
+        layers = layers_table(blocks, caches, dtype)
+        self.blocks, self.batch, self.dtype = tuple(blocks), B, dtype
+        self.max_T = min(c0.max_T, P.shape[0])          # no position past P's rows
+        self.caches = tuple(weakref.ref(c) for c in caches)
+        self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
+        self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
+        self.vocab = E.shape[0]
+        self.head_parallel = head_is_large(B, E.shape)
+        self._before = (self.ids, E, P, self.H, flat, d) + scalars
+        self._after = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
+        self._head = (ln_f, eps_f, head, self.vocab)
+
+    def __reduce__(self):
+        raise TypeError("a DecodeStep holds addresses of this process's arrays: prepare a new one "
+                        "after unpickling")
+
+    def __call__(self, ids, caches, out=None):
+        """The logits (B, vocab) (or (vocab,) for ids of shape (1,)) of one token a sequence
+        after the caches' tokens, the caches advanced by one; None, with nothing changed,
+        when anything differs from what the step was prepared for (other caches, lengths
+        apart, no room, ids or out of another kind) or a token or a block's input is bad:
+        the caller's checked path then computes the step or raises the error."""
+        B = self.batch
+        if (not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu"
+                or ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None)
+                or not isinstance(caches, (list, tuple)) or len(caches) != len(self.caches)):
+            return None
+        for mine, theirs in zip(self.caches, caches):
+            if mine() is not theirs:
+                return None
+        c0 = caches[0]
+        past = c0.length
+        if past + 1 > self.max_T or any(c.length != past for c in caches):
+            return None
+        if out is None:
+            out = np.empty((B, self.vocab), dtype=self.dtype)
+        elif (not isinstance(out, np.ndarray) or out.shape != (B, self.vocab) or out.dtype != self.dtype
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            return None
+        self.ids[:] = ids.reshape(B)        # a token id past int64 wraps negative: refused in the step
+        if self._run(c0, past, out.reshape(B * self.vocab)) != -1:
+            return None
+        for c in caches:
+            c.length = past + 1
+        return out if ids.ndim == 2 else out[0]
+
+    def _run(self, c0, past: int, logits: np.ndarray) -> int:
+        """kernels.decode.decode_step of self.ids at position ``past`` into logits (B * vocab,
+        flat): its code (-1: done)."""
+        # sized as run_cached and lm_head size their calls: the same builds, the same sums
+        stack = not is_serial(cached_flops(self.batch, 1, past, self.per_row, self.per_key))
+        head = self.head_parallel and _runtime.parallel_allowed()
+        args = (self._before + (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._after + (c0.work,)
+                + self._head + (logits, stack, head))
+        if stack or head:
+            return parallel_call(decode_step, *args, pass_threads=True)
+        return decode_step(*args, 1)

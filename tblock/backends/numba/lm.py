@@ -1,0 +1,41 @@
+"""A language model's vocabulary head on this backend: LN_f, then the tied embedding's GEMM.
+
+The model hands its embedding once (prepare_head packs it in the GEMM's panels) and then
+calls lm_head for any rows; the kernel is kernels.lm_head, serial below a size where the
+pool's start costs more than it saves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _runtime
+from ...kernels.lm_head import head_parallel, head_serial, pack_head
+from .parallel import PARALLEL_MIN_FLOPS, parallel_call
+
+
+def prepare_head(E: np.ndarray, dtype) -> np.ndarray:
+    """E (vocab, d) packed for the head kernel in ``dtype``: what lm_head and DecodeStep take."""
+    return pack_head(E, np.dtype(dtype))
+
+
+def head_is_large(rows: int, shape: tuple[int, int]) -> bool:
+    """Whether the head over ``rows`` rows of an embedding of ``shape`` (vocab, d) has the
+    FLOPs to run in parallel (as a block does below its own threshold)."""
+    vocab, d = shape
+    return 2 * rows * d * vocab >= PARALLEL_MIN_FLOPS
+
+
+def lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head, out: np.ndarray, scratch: bool = False):
+    """out (B, T, vocab) = LN_f(H) @ E^T for H (B, T, d); ln_f = [gamma | beta] (2d,); head:
+    prepare_head(E).  scratch: H is the caller's to overwrite (LN_f goes over it)."""
+    B, T, d = H.shape
+    vocab = out.shape[-1]
+    rows = B * T
+    X = np.ascontiguousarray(H, dtype=out.dtype).reshape(rows * d)     # (B*T*d,) flat rows
+    flat = out.reshape(rows * vocab)        # a view: the kernel writes the logits in place
+    if not head_is_large(rows, (vocab, d)) or not _runtime.parallel_allowed():
+        head_serial(X, rows, d, ln_f, eps, head, vocab, flat, scratch, 1)
+    else:
+        parallel_call(head_parallel, X, rows, d, ln_f, eps, head, vocab, flat, scratch, pass_threads=True)
+    return out
