@@ -31,7 +31,7 @@ def probe(q):
     from tblock import _runtime
     from tblock.backends import numba as nb
     try:
-        nb.parallel_call(lambda: None)
+        nb.parallel.parallel_call(lambda: None)
         q.put((_runtime.serial_only(), "ran"))
     except RuntimeError as e:
         q.put((_runtime.serial_only(), str(e)))

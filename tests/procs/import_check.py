@@ -4,6 +4,7 @@
     gpt2           neither safetensors nor tblock.gpt2 until tblock.GPT2 is asked for
     no_peer        tblock.peers imports no peer library; prints the ones loaded ([] expected)
     nothing_compiled  Numba is loaded, no kernel compiled; prints loaded, #signatures x2
+    threading_layer   prints Numba's configured threading layer after importing tblock
 """
 
 import sys
@@ -34,5 +35,12 @@ def nothing_compiled():
     print("numba" in sys.modules, len(block_parallel.signatures), len(block_serial.signatures))
 
 
+def threading_layer():
+    import tblock  # noqa: F401  # isort: skip  (first: whatever it does at import is done)
+    import numba
+    print(numba.config.THREADING_LAYER)
+
+
 if __name__ == "__main__":
-    {"submodules": submodules, "gpt2": gpt2, "no_peer": no_peer, "nothing_compiled": nothing_compiled}[sys.argv[1]]()
+    {"submodules": submodules, "gpt2": gpt2, "no_peer": no_peer, "nothing_compiled": nothing_compiled,
+     "threading_layer": threading_layer}[sys.argv[1]]()
