@@ -15,11 +15,14 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import proc
 from test_gpt2 import hf_config, random_tensors, rel_err, write_checkpoint
 
 from tblock import GPT2
 from tblock.cli import main as cli_main
 from tblock.gpt2 import draw, next_token_probs
+
+pytestmark = pytest.mark.isa
 
 VOCAB, N_POS, D, LAYERS, HEADS = 101, 48, 32, 2, 4
 SHAPE = dict(vocab_size=VOCAB, n_positions=N_POS, n_embd=D, n_layer=LAYERS, n_head=HEADS)
@@ -510,28 +513,7 @@ def test_cli_prompt_without_tokenizers_says_what_to_install(text_ckpt, capsys, m
 
 # ----------------------------------------------------------------------------- no allocation
 
-_STEP_ALLOCATIONS = r"""
-import numpy as np, tblock
-from numba.core.runtime import rtsys
-out = []
-for n_layer, d, heads, vocab, B in [(2, 32, 4, 101, 1), (5, 32, 4, 101, 1), (2, 256, 4, 5000, 2), (4, 256, 4, 5000, 2)]:
-    model = tblock.GPT2.from_config(n_layer=n_layer, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=64, seed=3)
-    ids = np.random.default_rng(0).integers(0, vocab, (B, 20))
-    cache = model.make_cache(40, batch=B)
-    logits = np.empty((B, vocab), np.float32)
-    model.next_logits(ids[:, :10], cache, out=logits)
-    counts = []
-    for t in range(10, 14):
-        before = rtsys.get_allocation_stats().alloc
-        model.next_logits(ids[:, t:t + 1], cache, out=logits)
-        counts.append(rtsys.get_allocation_stats().alloc - before)
-    want = model(ids[:, :14])[:, -1]
-    # the first step takes the checked path (two compiled calls), the next the prepared step's one
-    out.append((counts[0], max(counts[1:]), min(counts[1:]), float(np.abs(logits - want).max() / np.abs(want).max())))
-print(out)
-"""
-
-
+@pytest.mark.subprocess
 def test_a_decode_step_allocates_no_memory_in_compiled_code():
     """Numba's allocation counter (NUMBA_NRT_STATS) over GPT2.next_logits steps, serial and
     parallel, one and two sequences: the same count whatever the number of blocks, and no
@@ -542,7 +524,7 @@ def test_a_decode_step_allocates_no_memory_in_compiled_code():
     blocks' outputs, LN_f's) is the KVCache's work buffer; the logits are the caller's
     ``out``.  Before it a step of 12 blocks made some 800 allocations."""
     env = {**os.environ, "NUMBA_NRT_STATS": "1", "NUMBA_NUM_THREADS": "2"}
-    p = subprocess.run([sys.executable, "-c", _STEP_ALLOCATIONS], env=env, capture_output=True, text=True,
+    p = subprocess.run(proc("step_allocations"), env=env, capture_output=True, text=True,
                        timeout=1800)
     assert p.returncode == 0, p.stderr
     runs = ast.literal_eval(p.stdout.strip())

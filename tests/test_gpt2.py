@@ -19,7 +19,9 @@ import tblock
 from tblock import GPT2
 from tblock.gpt2 import GPT2Config
 
-from conftest import rel_err
+from conftest import proc, rel_err
+
+pytestmark = pytest.mark.isa
 
 SMALL = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 
@@ -477,10 +479,8 @@ def test_config_round_trips_through_hf_keys():
                                                     ffn_bias=True, ln_affine=True, attn_bias=True)
 
 
+@pytest.mark.subprocess
 def test_import_tblock_stays_light():
     """GPT2 is loaded on first use: importing tblock does not import safetensors."""
     import subprocess
-    import sys
-    code = "import sys, tblock; assert 'safetensors' not in sys.modules and 'tblock.gpt2' not in sys.modules; " \
-           "from tblock import GPT2; assert GPT2.__module__ == 'tblock.gpt2'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run(proc("import_check", "gpt2"), check=True)
