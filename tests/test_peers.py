@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import proc
 
 import tblock
 from tblock import cli, peers
@@ -98,27 +99,25 @@ def test_peer_reports_the_isa_of_its_kernels(name):
         assert isa == peers.host_isa()          # no variable caps MLAS
 
 
+@pytest.mark.subprocess
 def test_torch_isa_follows_the_capping_variables():
     """Under the three variables a forced avx2 comparison sets, torch reports avx2 (on a
     machine that runs AVX2); with any one of them missing, the host's ISA."""
     need("torch")
     if "avx2" not in kernels_isa.PATH.runnable:
         pytest.skip("this machine runs no AVX2")
-    code = ("import numpy as np, tblock; from tblock import peers; cfg = tblock.BlockConfig(d_model=16, n_heads=2); "
-            "print(peers.build('torch', tblock.init_weights(cfg, seed=0), cfg).isa[0])")
     caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
     base = {k: v for k, v in os.environ.items() if k not in caps}
     for left_out in [None, *caps]:
         env = dict(base, **{k: v for k, v in caps.items() if k != left_out})
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        r = subprocess.run(proc("torch_isa"), capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.split()[-1] == ("avx2" if left_out is None else peers.host_isa()), left_out
 
 
+@pytest.mark.subprocess
 def test_tblock_imports_no_peer():
-    code = ("import sys, tblock, tblock.peers; tblock.peers.peer_versions(); "
-            "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'openvino') if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run(proc("import_check", "no_peer"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -174,6 +173,7 @@ def test_report_refuses_an_unknown_peer(tmp_path, capsys):
     assert "--peers" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
+@pytest.mark.subprocess
 def test_compare_peers_script_at_a_tiny_size(tmp_path):
     """bench/compare_peers.py end to end, tiny and quick (each peer first run in a child
     process): its table and its JSON."""
@@ -209,15 +209,14 @@ def _compare_peers_module():
     return module
 
 
-@pytest.mark.parametrize("code, why", [
-    ("pass", ""),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV in a child process"),
-    ("raise RuntimeError('the peer broke')", "RuntimeError: the peer broke"),
-    ("import sys; sys.exit(3)", "exit status 3")])
-def test_a_peer_that_fails_in_a_child_process_is_named(code, why):
+@pytest.mark.subprocess
+@pytest.mark.parametrize("how, why", [
+    ("ok", ""), ("segv", "killed by SIGSEGV in a child process"),
+    ("raise", "RuntimeError: the peer broke"), ("exit3", "exit status 3")])
+def test_a_peer_that_fails_in_a_child_process_is_named(how, why):
     """compare_peers --isolate runs each peer once in a child first: a crash there (a
     segmentation fault) is reported with its signal instead of ending the run."""
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    p = subprocess.run(proc("crash", how), capture_output=True, text=True)
     assert _compare_peers_module().child_failure(p) == why
 
 
