@@ -11,19 +11,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import copy_package
+from conftest import PROCS, copy_package
 
-CHILD = r"""
-import numpy as np, tblock
-from tblock.kernels.validate import all_finite
-cfg = tblock.BlockConfig(d_model=8, n_heads=2)
-w = tblock.init_weights(cfg, seed=0)
-H = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
-diff = np.abs(tblock.forward(H, w, cfg, backend="numpy") - tblock.forward(H, w, cfg)).max()
-print(tblock.__file__)
-print(getattr(all_finite._cache, "_cache_path", None))      # Numba's NullCache has none
-print(diff)
-"""
+pytestmark = pytest.mark.subprocess
 
 
 def _as_another_user():
@@ -46,10 +36,12 @@ def _private_read_only_tmp():
 
 @pytest.fixture
 def read_only_world():
-    """A read-only copy of the package, a read-only HOME and TMPDIR: a folder every user can
-    read (pytest's tmp_path is private to this user), made read-only after the copy."""
+    """A read-only copy of the package and of the child program, a read-only HOME and TMPDIR:
+    a folder every user can read (pytest's tmp_path is private to this user), made read-only
+    after the copy."""
     top = Path(tempfile.mkdtemp(prefix="tblock-ro-"))
     site = copy_package(top / "site")
+    shutil.copy(PROCS / "read_only_cache.py", top / "child.py")
     (top / "home").mkdir()
     for p in [top, *top.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)
@@ -60,10 +52,10 @@ def read_only_world():
     shutil.rmtree(top)
 
 
-def _run(prefix, top, code=CHILD):
+def _run(prefix, top, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CACHE_DIR", "PYTHON"))}
     env.update(HOME=str(top / "home"), TMPDIR=str(top / "home"), PYTHONPATH=str(top / "site"))
-    p = subprocess.run(prefix + [sys.executable, "-c", code], cwd=top, env=env, capture_output=True,
+    p = subprocess.run(prefix + [sys.executable, str(top / "child.py"), *args], cwd=top, env=env, capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     path, cache, diff = p.stdout.split()
@@ -88,11 +80,11 @@ def test_no_cache_when_not_even_a_temporary_directory_is_writable(read_only_worl
         dirs = [d for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and not os.path.islink(d)]
         script = " && ".join(f"mount --bind {d} {d} && mount -o remount,bind,ro {d}" for d in dirs)
         prefix = namespace + ["sh", "-c", script + ' && exec "$@"', "sh"] + user
-        code = CHILD
+        args = ()
     else:                               # no namespace: the child is told its temporary directory is read-only
         prefix = user
-        code = f"import tempfile; tempfile.tempdir = {str(read_only_world / 'home')!r}\n" + CHILD
-    cache, warning = _run(prefix, read_only_world, code)
+        args = (read_only_world / "home",)
+    cache, warning = _run(prefix, read_only_world, *args)
     assert cache == "None"
     assert "or a temporary directory; the kernels are compiled again in every process" in warning
     assert "NUMBA_CACHE_DIR" in warning

@@ -5,29 +5,34 @@ import subprocess
 import sys
 
 import pytest
+from conftest import proc
+
+pytestmark = pytest.mark.subprocess
 
 
-def _run(code, cwd):
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True)
+def _run(check, cwd):
+    """tests/procs/install_layout.py's ``check``, run in ``cwd`` (outside the checkout)."""
+    return subprocess.run(proc("install_layout", check), cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_kernels_only_as_tblock_kernels(tmp_path):
     # run from outside the checkout, so the repository root is not on sys.path
-    ok = _run("import tblock.kernels, tblock.kernels.validate; print(tblock.kernels.__name__)", tmp_path)
+    ok = _run("kernels", tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == "tblock.kernels"
-    bare = _run("import kernels", tmp_path)
+    bare = _run("bare_kernels", tmp_path)
     assert bare.returncode != 0 and "No module named 'kernels'" in bare.stderr
 
 
 def test_worked_example_is_package_data(tmp_path):
-    out = _run("import tblock; ex = tblock.load_worked_example(); print(ex.H_in.shape)", tmp_path)
+    out = _run("worked_example", tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(4, 8)"
 
 
 def test_console_script_module_form(tmp_path):
-    out = _run("import sys; sys.argv = ['tblock', '--help']; import runpy; runpy.run_module('tblock', run_name='__main__')", tmp_path)
+    out = subprocess.run([sys.executable, "-m", "tblock", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
     assert "report" in out.stdout and "lesson" in out.stdout
 
 
@@ -57,9 +62,8 @@ def test_report_records_a_commit_only_for_its_own_checkout(tmp_path):
     (repo / "README").write_text("someone else's project")
     git("add", "README")
     git("commit", "-q", "-m", "theirs")
-    code = "from tblock.report import git_commit; print(git_commit())"
     env = {**os.environ, "PYTHONPATH": str(site)}
-    run = lambda: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+    run = lambda: subprocess.run(proc("install_layout", "git_commit"), cwd=tmp_path, env=env, capture_output=True,
                                  text=True, timeout=120)
     assert run().stdout.strip() == "None"
     git("add", "venv")
@@ -67,6 +71,7 @@ def test_report_records_a_commit_only_for_its_own_checkout(tmp_path):
     assert run().stdout.strip() == git("rev-parse", "--short", "HEAD")
 
 
+@pytest.mark.slow
 def test_the_sdist_holds_the_tests_their_data_and_the_licence(tmp_path):
     """Built from a copy of the source tree (an sdist run in the checkout would rewrite its egg-info)."""
     import shutil
@@ -97,6 +102,7 @@ def test_the_sdist_holds_the_tests_their_data_and_the_licence(tmp_path):
     assert {"tblock/web/index.html", "tblock/web/demo.css", "tblock/web/demo.js"} <= names
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_demo_page(tmp_path):
     """A non-editable install has the page's files: `tblock demo --export` from the unpacked wheel."""
     import shutil
