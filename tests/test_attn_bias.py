@@ -17,6 +17,8 @@ import tblock
 
 from conftest import rel_err
 
+pytestmark = pytest.mark.isa
+
 BACKENDS = tblock.available_backends()
 GPT2_SMALL = tblock.BlockConfig(d_model=768, n_heads=12, ffn_bias=True, ln_affine=True, attn_bias=True)
 

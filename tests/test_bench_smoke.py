@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
 pytest.importorskip("pytest_benchmark")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 C_REF = ROOT / "c_ref"
 SOURCES = [C_REF / "tests" / "test_block.c", C_REF / "tblock_ref.c"]

@@ -58,6 +58,7 @@ def test_mulberry32_matches_javascript():
     assert all(-1 <= r.between(-1, 1) < 1 for _ in range(1000))
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed; the stored reference is used")
 def test_stored_reference_is_what_the_javascript_prints():
     out = subprocess.run(["node", str(DATA / "demo_reference.mjs")], capture_output=True, text=True, check=True)

@@ -241,6 +241,7 @@ def test_a_busy_port_is_a_clear_error(server):
         demo_server.serve(port, open_browser=False)
 
 
+@pytest.mark.subprocess
 def test_the_command_prints_its_url_and_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tblock", "demo", "--port", "0", "--no-browser"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -258,6 +259,7 @@ def test_the_command_prints_its_url_and_stops_on_ctrl_c(tmp_path):
 
 # ---- the static export ---------------------------------------------------------------------
 
+@pytest.mark.subprocess
 def test_the_export_holds_every_toggle_and_needs_no_network(tmp_path):
     out = subprocess.run([sys.executable, "-m", "tblock", "demo", "--export", str(tmp_path / "site")],
                          capture_output=True, text=True, timeout=300)

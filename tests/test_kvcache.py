@@ -25,6 +25,8 @@ from tblock.backends import torch as torch_backend
 from conftest import random_weights as shared_random_weights
 from conftest import rel_err
 
+pytestmark = pytest.mark.isa
+
 BACKENDS = tblock.available_backends()
 DTYPES = [np.float64, np.float32]
 TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}

@@ -11,6 +11,7 @@ from tblock import lesson
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.subprocess
 def test_tblock_lesson_end_to_end(tmp_path):
     pytest.importorskip("matplotlib", reason="the figures need matplotlib (the 'plot' extra)")
     out = tmp_path / "figs"
@@ -68,6 +69,7 @@ def test_walkthrough_numbers_match_on_every_backend():
         assert all(lesson_shape.strip() == ours.strip() for lesson_shape, ours in shape_rows)
 
 
+@pytest.mark.subprocess
 def test_bad_backend_is_a_clear_error(tmp_path):
     run = subprocess.run([sys.executable, "-m", "tblock", "lesson", "--out", str(tmp_path), "--backend", "nope"],
                          capture_output=True, text=True, timeout=120)
@@ -75,6 +77,7 @@ def test_bad_backend_is_a_clear_error(tmp_path):
     assert "tblock lesson: error: backend must be one of" in run.stderr
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("bad", ["a_file", "a_file/sub"])
 def test_an_unusable_out_folder_is_a_clear_error(tmp_path, bad):
     pytest.importorskip("matplotlib", reason="without matplotlib no figure folder is made")

@@ -18,6 +18,8 @@ from tblock.api import TRACE_NAMES
 
 from conftest import rel_err
 
+pytestmark = pytest.mark.isa
+
 F64_TOL = 1e-10
 # float32 against the float64 oracle on the same values: measured over 1,500 random
 # configs of this file's generator (T <= 512, d_model <= 256): median 2.4e-7, max 9.6e-6;

@@ -22,6 +22,7 @@ from tblock.kernels.simd import lanes, panel_lanes, vexp, vexp2, vload_n, vstore
 from tblock.kernels.softmax import masked_softmax_rows
 from tblock.kernels.validate import FINITE_BLOCK, all_finite_flat
 
+pytestmark = pytest.mark.isa
 
 
 def reference_softmax(S, scale, allowed):

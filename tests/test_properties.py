@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 import tblock
 
+pytestmark = pytest.mark.isa
+
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 

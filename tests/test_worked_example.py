@@ -9,6 +9,8 @@ from tblock.lesson.analysis import row_entropies_bits as entropy_bits
 
 from conftest import rel_err
 
+pytestmark = pytest.mark.isa
+
 EX = tblock.load_worked_example()
 P = tblock.LESSON_PRINTED
 STREAM_NAMES = ["H_norm1", "Q", "K", "V", "out_concat", "A_out", "H_mid",
