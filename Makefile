@@ -2,13 +2,15 @@
 #   make report   create .venv, install tblock into it, run `tblock report` (writes tblock-report/)
 #   make test     the same with the test extra, then the whole test suite, then the kernel
 #                 and block tests on every other vector path the CPU can run
+#   make test-fast  the default path's correctness in the inner loop (under 2 minutes on 2
+#                 cores): every test but those marked slow or subprocess (pyproject's markers)
 #   make test-interop  tblock.GPT2 against transformers (installs transformers and CPU torch)
 #   make test-browser  the demo page (tblock demo) in headless chromium; writes docs/demo.png
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: report test test-isa install install-test clean
+.PHONY: report test test-fast test-isa install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,22 +26,22 @@ install-test: $(BIN)/python
 report: install
 	$(BIN)/tblock report
 
-# the kernel and block tests, run once more under each other vector path this machine can
-# execute (TBLOCK_ISA: avx2 and generic on an AVX-512 machine, generic on an AVX2 one)
-ISA_TESTS := tests/test_numba_kernels.py tests/test_numba_block.py tests/test_numba_runtime.py \
-             tests/test_properties.py tests/test_worked_example.py tests/test_isa.py tests/test_gpt2.py \
-             tests/test_kvcache.py tests/test_attn_bias.py tests/test_generate.py
-OTHER_PATHS = $$($(BIN)/python -c "import tblock; from tblock.kernels.isa import PATH; \
-	print(*[p for p in PATH.runnable if p != tblock.isa()])")
+# the kernel and block tests (marked isa), run once more under each other vector path this
+# machine can execute (TBLOCK_ISA: avx2 and generic on an AVX-512 machine, generic on an AVX2 one)
+OTHER_PATHS = $$($(BIN)/python tests/procs/other_paths.py)
 
 test: install-test
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-isa
 
+# no process started, no package built: the tests a change is checked with before `make test`
+test-fast: install-test
+	$(BIN)/python -m pytest -q -x -p no:cacheprovider -m "not slow and not subprocess"
+
 test-isa: install-test
 	@for isa in $(OTHER_PATHS); do \
 	  echo "== kernel and block tests on the $$isa path (TBLOCK_ISA=$$isa)"; \
-	  TBLOCK_ISA=$$isa $(BIN)/python -m pytest -q $(ISA_TESTS) || exit 1; \
+	  TBLOCK_ISA=$$isa $(BIN)/python -m pytest -q -m isa || exit 1; \
 	done
 
 # tblock.GPT2 against transformers' GPT2LMHeadModel (tests/interop, which plain pytest skips):
