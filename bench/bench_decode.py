@@ -51,15 +51,12 @@ import inspect
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from common import SMALL, add_transformers_run, build_gpt2, finish, int_list, rel_err, transformers_record
 
 from tblock import peers, perf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpt2 import (SMALL, add_run_arguments, build, finish_record, int_list,  # noqa: E402  (the same model)
-                        parse_run_arguments, rel_err, run_record)
 
 
 def rss_bytes() -> int:
@@ -206,8 +203,8 @@ def main(argv=None):
     ap.add_argument("--prefill", type=int, default=1024, help="prefill length (default 1024)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the memory check (default 200)")
     ap.add_argument("--bandwidth-mib", type=int, default=1024, help="buffer of the bandwidth measurement")
-    add_run_arguments(ap, budget_s=15.0)
-    args = parse_run_arguments(ap, argv)
+    add_transformers_run(ap, budget_s=15.0)
+    args = ap.parse_args(argv)
     n_pos = args.model["n_positions"]
     bad = [L for L in args.contexts + [args.prefill] if not 1 <= L <= n_pos]
     if bad:
@@ -218,9 +215,9 @@ def main(argv=None):
     peers.import_early(["torch"])           # torch before Numba's pool (tblock.peers says why)
     threads, _ = perf.pin_threads(args.threads, with_torch=True)
     from tblock.perf.peak import memory_bandwidth, read_pass
-    hf, ours, load_s = build(args.model, seed=0)
+    hf, ours, load_s = build_gpt2(args.model, seed=0)
     cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
-    results = run_record(threads, args.model, load_s)
+    results = transformers_record(threads, args.model, load_s)
 
     bw = memory_bandwidth(threads["numba"], nbytes=args.bandwidth_mib << 20)
     results["bandwidth"] = bw
@@ -270,7 +267,7 @@ def main(argv=None):
           f"transformers' generate {r['transformers_generate_tokens_per_s']:.1f} tokens/s; "
           f"same tokens: {r['same_tokens_as_transformers']}")
 
-    finish_record(results, args.json)
+    finish(results, args.json)
     return 0
 
 

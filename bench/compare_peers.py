@@ -38,16 +38,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
-import platform
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
+from common import add_json, add_threads, child_failure, finish, last_json, machine_line, machine_record, run_child
 
 import tblock
 from tblock import BlockConfig, peers, perf
@@ -83,38 +77,11 @@ def pin_threads(n, names):
 # ---------------------------------------------------------------------------------------
 # timing: tblock.perf.interleaved, rounds of every implementation in turn
 
-# one peer build and call in a child process: a peer that kills its process (OpenVINO
-# 2026.4 at d_model 8 under ONEDNN_MAX_CPU_ISA=AVX2: a segmentation fault) would end the run
-_PROBE_CHILD = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import tblock
-    from tblock import peers
-    name, (d, h, T, B, threads) = sys.argv[1], map(int, sys.argv[2:])
-    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
-    H = np.zeros((B, T, d), np.float32)
-    peers.build(name, tblock.init_weights(cfg, seed=0, dtype=np.float32), cfg, threads=threads, shape=H.shape)(H)
-""")
-
-
-def child_failure(p: subprocess.CompletedProcess) -> str:
-    """'' for a child process that exited with 0, else why it did not: the signal that
-    killed it, or its last line of stderr."""
-    if p.returncode == 0:
-        return ""
-    if p.returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-p.returncode).name} in a child process"
-        except ValueError:
-            return f"killed by signal {-p.returncode} in a child process"
-    return (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-
-
+# one peer build and call in a child process (bench/child_peer.py): a peer that kills its
+# process would end the run
 def survives(name, d, h, T, B, threads) -> str:
     """'' when peer ``name`` builds and runs once at this size in a child process, else why not."""
-    p = subprocess.run([sys.executable, "-c", _PROBE_CHILD, name] + [str(x) for x in (d, h, T, B, threads)],
-                       capture_output=True, text=True)
-    return child_failure(p)
+    return child_failure(run_child("child_peer", "probe", name, d, h, T, B, threads))
 
 
 def build_all(names, w, cfg, H, threads, isolate=False):
@@ -238,49 +205,17 @@ def matched_efficiency(threads, pairs):
 
 
 # ---------------------------------------------------------------------------------------
-# memory, each in a fresh process: peak RSS (VmHWM) of one forward above a baseline
-
-_MEM_CHILD = textwrap.dedent("""
-    import json, sys, time
-    import numpy as np
-    def hwm():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM"):
-                return int(line.split()[1]) / 1024
-    import tblock
-    from tblock import peers
-    name, d, h, T, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    if name != "tblock":
-        ok, why = peers.peer_status(name)       # imports its libraries: part of the baseline
-        if not ok:
-            sys.exit(why)
-    base_import = hwm()
-    if name == "tblock":
-        tblock.set_num_threads(threads)
-        tblock.warmup()          # loads the compiled kernels (Numba and LLVM take memory too)
-    base_warm = hwm()
-    cfg = tblock.BlockConfig(d_model=d, n_heads=h)
-    w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
-    H = np.random.default_rng(0).standard_normal((1, T, d)).astype(np.float32)
-    t = time.perf_counter()
-    if name == "tblock":
-        out = tblock.forward(H, w, cfg, backend="numba")
-    else:
-        out = peers.build(name, w, cfg, threads=threads, shape=H.shape)(H)
-    print(json.dumps({"base_import_mib": base_import, "base_warm_mib": base_warm, "peak_mib": hwm(),
-                      "seconds": time.perf_counter() - t, "finite": bool(np.isfinite(out).all())}))
-""")
-
+# memory, each in a fresh process (bench/child_peer.py): peak RSS (VmHWM) of one forward
+# above a baseline
 
 def memory(name, T, threads, d=768, h=12):
     """Peak RSS of one forward (weights and input included) above the RSS after `import
     tblock` and the implementation's libraries; for tblock also above import + warmup().
     A peer's peak includes its compiler's (torch.compile, OpenVINO build on the first call)."""
-    p = subprocess.run([sys.executable, "-c", _MEM_CHILD, name, str(d), str(h), str(T), str(threads)],
-                       capture_output=True, text=True)
+    p = run_child("child_peer", "memory", name, d, h, T, threads)
     if p.returncode:
         return {"error": child_failure(p)}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = last_json(p)
     r["above_import_mib"] = r["peak_mib"] - r["base_import_mib"]
     r["above_warm_mib"] = r["peak_mib"] - r["base_warm_mib"]
     return r
@@ -410,15 +345,13 @@ def main(argv=None):
                     help="sizes to compare (default: issue #12's seven and the toy block 8:2:4)")
     ap.add_argument("--peers", type=parse_peers, default=list(peers.PEERS),
                     help="comma-separated, from torch,compile,ort,openvino (default: all that are installed)")
-    ap.add_argument("--threads", type=int, default=perf.usable_cores(), help="threads for every implementation")
+    add_threads(ap, perf.usable_cores())
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     ap.add_argument("--isolate", action="store_true",
                     help="run each peer once in a child process before each size, leaving out one that crashes "
                          "there (OpenVINO under ONEDNN_MAX_CPU_ISA=AVX2 at the toy size)")
-    ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    add_json(ap)
     args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
 
     # the order of imports matters: torch before Numba's pool starts, the others after
     # (tblock.peers.import_early says why), so every library runs as it does on its own
@@ -434,18 +367,15 @@ def main(argv=None):
     threads = pin_threads(args.threads, names)
     import numba
     threads["numba_threading_layer"] = numba.threading_layer()
-    results = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": perf.cpu_info(), "isa": perf.vector_path(), "threads": threads,
-        "versions": {"python": platform.python_version(), **perf.versions()},
-        "peers": names, "not_run": {n: why for n, (ok, why) in status.items() if not ok},
-        "tolerance": peers.TOLERANCE, "quick": args.quick, "isolate": args.isolate, "tblock_warmup_s": warmup_s,
-        "loadavg_start": list(os.getloadavg()), "points": []}
-    v, c, p = results["versions"], results["cpu"], results["isa"]
-    print(f"CPU {c.get('model')} (family {c.get('family')}, model {c.get('model_id')}), {perf.usable_cores()} usable cores; "
-          f"tblock path {p['name']} ({p['vector_bytes']}-byte vectors, {p['nv']}-vector micro-tile rows, KC {p['kc']}, "
-          f"LLVM cpu {p['cpu']}{', forced' if p['forced'] else ''}); {args.threads} threads "
-          f"({', '.join(f'{k} {x}' for k, x in threads.items() if k not in ('requested', 'blas'))})")
+    results = machine_record(threads)
+    results.update(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        peers=names, not_run={n: why for n, (ok, why) in status.items() if not ok},
+        tolerance=peers.TOLERANCE, quick=args.quick, isolate=args.isolate, tblock_warmup_s=warmup_s, points=[])
+    v, p = results["versions"], results["isa"]
+    print(machine_line(results))
+    print(f"tblock path {p['name']}: {p['vector_bytes']}-byte vectors, {p['nv']}-vector micro-tile rows, KC {p['kc']}; "
+          f"{args.threads} threads ({', '.join(f'{k} {x}' for k, x in threads.items() if k not in ('requested', 'blas'))})")
     print(f"tblock.warmup() {warmup_s:.1f} s (compiles, or loads Numba's cache)")
     print("versions: " + ", ".join(f"{k} {x or 'not installed'}" for k, x in v.items()))
     for n, why in results["not_run"].items():
@@ -508,11 +438,7 @@ def main(argv=None):
                   + (f" ({m['base_import_mib']:.0f} MiB), {m['above_warm_mib']:.0f} above import + warmup()"
                      if name == "tblock" else f" and its libraries ({m['base_import_mib']:.0f} MiB)")
                   + f"; weights and input included; the call took {m['seconds']:.2f} s")
-    results["loadavg_end"] = list(os.getloadavg())
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
-        print(f"wrote {args.json}")
+    finish(results, args.json)
     return results
 
 

@@ -202,8 +202,9 @@ def test_compare_peers_script_at_a_tiny_size(tmp_path):
     assert data["measured_fma_peak_gflops"] > 0 and data["fma_loop"]["lanes"] == data["isa"]["vector_bytes"] // 4
 
 
-def _compare_peers_module():
-    spec = importlib.util.spec_from_file_location("compare_peers", ROOT / "bench" / "compare_peers.py")
+def _bench_common():
+    """bench/common.py as a module (bench/ holds scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "bench" / "common.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -215,9 +216,9 @@ def _compare_peers_module():
     ("raise", "RuntimeError: the peer broke"), ("exit3", "exit status 3")])
 def test_a_peer_that_fails_in_a_child_process_is_named(how, why):
     """compare_peers --isolate runs each peer once in a child first: a crash there (a
-    segmentation fault) is reported with its signal instead of ending the run."""
+    segmentation fault) is reported with its signal instead of ending the run (bench/common.py)."""
     p = subprocess.run(proc("crash", how), capture_output=True, text=True)
-    assert _compare_peers_module().child_failure(p) == why
+    assert _bench_common().child_failure(p) == why
 
 
 @pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True,
