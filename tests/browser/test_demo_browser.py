@@ -8,6 +8,8 @@ import pytest
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
+pytestmark = pytest.mark.browser
+
 # the statement each stop runs, as it reads in tblock's source (the code panel's current line)
 STATEMENT = {"embed": "E + P", "attend": "attention_core(", "add (attention)": "+ attention(",
              "add (ffn)": "+ ffn(", "norm (attention)": "np.sqrt(var + eps)",

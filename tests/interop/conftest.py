@@ -1,7 +1,8 @@
 """The interop run's record: the largest relative errors the parity tests measured, printed
 at the end of ``make test-interop`` (the figures the issue asks for)."""
 
-import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,12 @@ def record_error():
     return record
 
 
-def load_bench(name: str):
-    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_bench(name: str, *args) -> subprocess.CompletedProcess:
+    """bench/<name>.py run as a script with ``args`` (as `make bench-...` runs it); it must succeed."""
+    script = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    p = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -17,6 +17,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from tblock import GPT2
 from tblock.gpt2 import next_token_probs
 
+pytestmark = pytest.mark.interop
+
 N_POSITIONS = 128           # room for a prompt and 50+ new tokens
 
 
@@ -101,14 +103,14 @@ def test_decode_benchmark_script_runs(tmp_path):
     """bench/bench_decode.py end to end at a tiny shape, once (make bench-decode runs GPT-2 small)."""
     import json
 
-    from conftest import load_bench
-    bench = load_bench("bench_decode")
+    from conftest import run_bench
     out = tmp_path / "decode.json"
     # d_k = 64, a whole number of panels on every vector path: the cache has no padding
-    assert bench.main(["--model", "1:64:1:300", "--contexts", "5,9", "--prefill", "16", "--budget", "0",
-                       "--min-reps", "1", "--steps", "5", "--bandwidth-mib", "64", "--json", str(out)]) == 0
+    run_bench("bench_decode", "--model", "1:64:1:300", "--contexts", "5,9", "--prefill", "16", "--budget", "0",
+              "--min-reps", "1", "--steps", "5", "--bandwidth-mib", "64", "--json", out)
     r = json.loads(out.read_text())
     assert [p["context"] for p in r["decode"]] == [5, 9]
     assert all(p["max_rel_err"] <= 1e-5 and p["median_s"]["tblock"] > 0 for p in r["decode"])
-    assert all(len(p["paired_s"]) == bench.PAIRS and p["over_floor_paired"] > 0 for p in r["decode"])
+    # bench_decode.PAIRS (40) pairs of a step and a read, more than --min-reps asks
+    assert all(len(p["paired_s"]) == 40 and p["over_floor_paired"] > 0 for p in r["decode"])
     assert r["bandwidth"]["read_GBs"] > 0 and r["memory"]["cache_bytes"] == r["memory"]["cache_bytes_expected"]

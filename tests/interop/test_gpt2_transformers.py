@@ -24,6 +24,8 @@ from transformers import GPT2LMHeadModel
 
 from tblock import GPT2
 
+pytestmark = pytest.mark.interop
+
 SHAPE = dict(vocab_size=211, n_positions=64, n_embd=64, n_layer=3, n_head=4)
 TOL = 1e-5          # the issue's bound on the float32 relative error
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -139,11 +141,10 @@ def test_benchmark_script_runs(tmp_path):
     """bench/bench_gpt2.py end to end at a tiny shape, once (make bench-gpt2 runs GPT-2 small)."""
     import json
 
-    from conftest import load_bench
-    bench = load_bench("bench_gpt2")
+    from conftest import run_bench
     out = tmp_path / "gpt2.json"
-    assert bench.main(["--model", "1:32:2:300", "--points", "5,9", "--budget", "0", "--min-reps", "1",
-                       "--json", str(out)]) == 0
+    run_bench("bench_gpt2", "--model", "1:32:2:300", "--points", "5,9", "--budget", "0", "--min-reps", "1",
+              "--json", out)
     points = json.loads(out.read_text())["points"]
     assert [p["T"] for p in points] == [5, 9]
     assert all(p["max_rel_err"] <= TOL and p["median_s"]["tblock"] > 0 for p in points)
