@@ -1,7 +1,7 @@
 """What `import tblock` loads, in a fresh interpreter: python import_check.py CHECK.
 
     submodules     tblock.lesson loads on first use, and brings its analysis
-    gpt2           neither safetensors nor tblock.gpt2 until tblock.GPT2 is asked for
+    gpt2           neither safetensors nor GPT2's module until tblock.GPT2 is asked for
     no_peer        tblock.peers imports no peer library; prints the ones loaded ([] expected)
     nothing_compiled  Numba is loaded, no kernel compiled; prints loaded, #signatures x2
     threading_layer   prints Numba's configured threading layer after importing tblock
@@ -17,10 +17,11 @@ def submodules():
 
 
 def gpt2():
-    import tblock
-    assert "safetensors" not in sys.modules and "tblock.gpt2" not in sys.modules
+    import tblock  # noqa: F401
+    before = set(sys.modules)
     from tblock import GPT2
-    assert GPT2.__module__ == "tblock.gpt2"
+    assert "safetensors" not in before, "import tblock loaded safetensors"
+    assert GPT2.__module__ not in before, f"import tblock loaded {GPT2.__module__}"
 
 
 def no_peer():
