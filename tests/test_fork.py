@@ -63,3 +63,32 @@ def test_tblock_leaves_numbas_threading_layer_alone():
                                      timeout=120, env=env).stdout.strip()
     assert run(_env("default")) == "default"
     assert run(_env("workqueue")) == "workqueue"
+
+
+def _fork_while_compiling(wait_s, typing_s):
+    try:
+        p = subprocess.run(proc("fork_while_compiling", wait_s, typing_s), capture_output=True, text=True,
+                           timeout=400)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the parent hung forking while another thread compiled")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    return p.stdout.splitlines()
+
+
+@pytest.mark.subprocess
+def test_a_fork_while_another_thread_compiles_waits_for_it():
+    """Issue #31: the child inherited Numba's compiler lock held by a thread it does not
+    have, and its first compile waited forever. The fork now waits for the compile (2 s
+    here), and the child compiles and runs tblock."""
+    lines = _fork_while_compiling(wait_s=120, typing_s=2)
+    assert lines == ["child compiled True", "parent compiled True child exit 0"]
+
+
+@pytest.mark.subprocess
+def test_a_fork_that_cannot_wait_gives_a_child_that_refuses_to_compile():
+    """A compile longer than FORK_WAIT_S (0.5 s against 5 s here): the fork goes ahead and
+    the child's compile raises a RuntimeError saying why, instead of hanging."""
+    lines = _fork_while_compiling(wait_s=0.5, typing_s=5)
+    assert lines[0].startswith("child refused: tblock: this process was forked while another thread "
+                               "was compiling with Numba"), lines
+    assert lines[1] == "parent compiled True child exit 3"
