@@ -119,7 +119,7 @@ def decode_point(hf, ours, L, make_hf_step, floor_s, kv_floor_s, read_floor, bud
         back()
 
     def head():
-        ours._logits(H1, "numba", buf[:, None])         # LN_f + the head GEMV, on some row
+        ours.head(H1, "numba", buf[:, None])            # LN_f + the head GEMV, on some row
 
     first = perf.first_calls(step, ())
     step()

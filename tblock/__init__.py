@@ -54,8 +54,8 @@ __all__ = [
 # loaded on first use, so that `import tblock` stays as light as the block itself.
 _LAZY_SUBMODULES = ("lesson",)
 __all__ += list(_LAZY_SUBMODULES)
-# GPT-2 and its checkpoint loader (safetensors): loaded on first use too
-_LAZY_NAMES = {"GPT2": "gpt2", "GPT2Config": "gpt2"}
+# GPT-2 and its checkpoint loader (tblock.models): loaded on first use too
+_LAZY_NAMES = {"GPT2": "models.gpt2", "GPT2Config": "models.gpt2"}
 __all__ += list(_LAZY_NAMES)
 
 

@@ -56,7 +56,7 @@ def run_generate(args) -> int:
     import time
     from pathlib import Path
 
-    from .gpt2 import GPT2
+    from .models.gpt2 import GPT2
 
     root = Path(args.checkpoint)
     tokenizer = None

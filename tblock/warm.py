@@ -12,7 +12,7 @@ import numpy as np
 def warm_all() -> None:
     """The numba backend's kernels, then a tiny GPT-2's decode steps, in float32 and float64."""
     from .backends.numba import warmup
-    from .gpt2 import GPT2
+    from .models.gpt2 import GPT2
     warmup()
     for dtype in (np.float32, np.float64):
         model = GPT2.from_config(vocab_size=8, n_positions=4, n_embd=8, n_layer=2, n_head=2, seed=0, dtype=dtype)

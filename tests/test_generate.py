@@ -20,7 +20,7 @@ from test_gpt2 import hf_config, random_tensors, rel_err, write_checkpoint
 
 from tblock import GPT2
 from tblock.cli import main as cli_main
-from tblock.gpt2 import draw, next_token_probs
+from tblock.models.sampling import draw, next_token_probs
 
 pytestmark = pytest.mark.isa
 
@@ -100,13 +100,13 @@ def test_cache_errors(model, ckpt):
 
 # ----------------------------------------------------------------------------- the prepared step
 # After one checked decode step with a list of caches, next_logits runs the next ones as one
-# compiled call (GPT2._step_logits, kernels.decode): the same sums as the checked path's two
-# calls, so its logits are compared bitwise with that path's on a twin list of caches.
+# compiled call (the backend's prepared step, kernels.decode): the same sums as the checked
+# path's two calls, so its logits are compared bitwise with that path's on a twin list of caches.
 
 
 def checked_logits(model, ids, cache):
     """next_logits on the checked path: a prepared step is for another list of caches."""
-    model._step = None
+    model.clear_prepared_step()
     return model.next_logits(ids, cache).copy()
 
 
@@ -115,19 +115,21 @@ def checked_logits(model, ids, cache):
                                       (dict(vocab_size=3000, n_positions=40, n_embd=256, n_layer=2, n_head=4), 2)])
 def test_prepared_steps_equal_the_checked_path(shape, B, dtype):
     """Bitwise, serial (the small model) and parallel (d_model 256: the blocks once the
-    context grows, the head always), one and two sequences."""
-    model = GPT2.from_config(seed=5, dtype=dtype, **shape)
+    context grows, the head always), one and two sequences: one model runs its prepared
+    step, its twin (the same seed) the checked path every time."""
+    model, twin = (GPT2.from_config(seed=5, dtype=dtype, **shape) for _ in range(2))
     ids = np.random.default_rng(6).integers(0, shape["vocab_size"], (B, 30))
-    fast, slow = model.make_cache(30, batch=B), model.make_cache(30, batch=B)
-    for cache in (fast, slow):
-        model.next_logits(ids[:, :4], cache)
+    fast, slow = model.make_cache(30, batch=B), twin.make_cache(30, batch=B)
+    model.next_logits(ids[:, :4], fast)
+    twin.next_logits(ids[:, :4], slow)
     model.next_logits(ids[:, 4:5], fast)                    # prepares fast's step
-    checked_logits(model, ids[:, 4:5], slow)
+    checked_logits(twin, ids[:, 4:5], slow)
+    step = model.prepared_step
+    assert step is not None
     for t in range(5, 30):
-        model._prepare_step(fast)
         got = model.next_logits(ids[:, t:t + 1], fast)
-        assert [c() for c in model._step.caches] == fast    # it ran as the prepared step
-        assert np.array_equal(got, checked_logits(model, ids[:, t:t + 1], slow)), t
+        assert model.prepared_step is step                  # it ran as the prepared step (no new one)
+        assert np.array_equal(got, checked_logits(twin, ids[:, t:t + 1], slow)), t
         assert [c.length for c in fast] == [c.length for c in slow] == [t + 1] * shape["n_layer"]
 
 

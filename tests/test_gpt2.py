@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 import tblock
 from tblock import GPT2
-from tblock.gpt2 import GPT2Config
+from tblock.models.gpt2 import GPT2Config
 
 from conftest import proc, rel_err
 
@@ -322,7 +322,7 @@ def test_misshaped_tensor_is_named(ckpt, tmp_path):
 
 def test_integer_tensor_is_refused_by_name(ckpt, tmp_path):
     t = dict(ckpt[1], **{"transformer.ln_f.bias": np.zeros(32, np.int32)})
-    with pytest.raises(TypeError, match=r"'transformer\.ln_f\.bias' must be F32, F16 or BF16.*got I32"):
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'transformer\.ln_f\.bias' must be F32, F16 or BF16.*got I32"):
         GPT2.from_pretrained(_write(tmp_path, t))
 
 

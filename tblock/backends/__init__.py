@@ -8,7 +8,24 @@ and ``forward_small(H, weights, cfg) -> H_out | None``, a lane for a plain call 
 trace, no cache) on weights already checked against cfg, which takes H as the caller
 gave it and returns None for anything it leaves to the checked path (tblock.api.forward).
 Adding a backend is one module here plus one line below.
+
+A language model (tblock.models) reaches a backend's kernels only through the hooks below,
+``lm_hook(module, name)``; a backend without one gets the reference version defined here:
+
+    prepare_head(E, dtype) -> head          the tied embedding E (vocab, d) made ready for
+                                            lm_head (reference: E itself)
+    lm_head(H, ln_f, eps, head, out, scratch=False) -> out
+                                            out (B, T, vocab) = LN_f(H) @ E^T for H (B, T, d),
+                                            ln_f = [gamma | beta] (reference: float64 NumPy)
+    prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head) -> step | None
+                                            after a checked one-token step with these caches:
+                                            step(ids, caches, out=None) gives the next step's
+                                            logits (B, vocab) in one call and advances the
+                                            caches, or returns None, with nothing changed,
+                                            for a call it cannot serve (reference: no step)
 """
+
+import numpy as np
 
 # name -> module, imported on first use; the order is the order of available_backends()
 BACKEND_MODULES = {
@@ -22,3 +39,33 @@ DEFAULT_BACKEND = "numba"
 # outside references: reachable by name, but not one of tblock's own implementations,
 # so available_backends() leaves them out
 REFERENCES = ("torch",)
+
+
+def reference_prepare_head(E: np.ndarray, dtype) -> np.ndarray:
+    return E        # the head casts it per call: a float64 copy of a real vocabulary is large
+
+
+def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndarray, out: np.ndarray,
+                      scratch: bool = False):
+    """LN_f and the tied head in float64, the result written into out."""
+    d = H.shape[-1]
+    X = H.astype(np.float64)
+    mu = X.mean(axis=-1, keepdims=True)
+    var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
+    Xn = (X - mu) / np.sqrt(var + eps) * ln_f[:d] + ln_f[d:]
+    out[...] = Xn @ head.T.astype(np.float64)
+    return out
+
+
+def reference_prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head):
+    return None     # every step takes the checked path
+
+
+_REFERENCE_HOOKS = {"prepare_head": reference_prepare_head, "lm_head": reference_lm_head,
+                    "prepare_decode": reference_prepare_decode}
+
+
+def lm_hook(module, name: str):
+    """The backend module's language-model hook ``name``, or the reference one."""
+    hook = getattr(module, name, None)
+    return _REFERENCE_HOOKS[name] if hook is None else hook

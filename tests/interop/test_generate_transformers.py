@@ -15,7 +15,7 @@ from test_gpt2_transformers import hf_model, save
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tblock import GPT2
-from tblock.gpt2 import next_token_probs
+from tblock.models.sampling import next_token_probs
 
 pytestmark = pytest.mark.interop
 

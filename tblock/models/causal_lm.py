@@ -1,0 +1,354 @@
+"""A causal language model on tblock's blocks: what every model family has in common.
+
+    h_0    = wte[ids] + wpe[past:past + T]    token embedding plus learned positions
+    h_l    = Block_l(h_{l-1}), l = 1..N       causal blocks: a tblock.Stack, on any backend
+    logits = LN_f(h_N) @ wte^T                the vocabulary head, tied to the embedding
+
+``CausalLM`` owns the embeddings, the stack, the head, the KV caches and the decoding
+loop (``generate``, ``stream``); a model family (models.gpt2) adds its config and its
+checkpoints' names.  Kernels are reached only through the backend registry: the head is
+the backend's ``lm_head`` hook on its ``prepare_head`` of wte, and after a checked
+one-token step the backend's ``prepare_decode`` hook may hand back a step that runs the
+next ones in one call (its arguments made once for that list of caches); a backend
+without them gets the registry's reference versions (a float64 head, no prepared step).
+
+Generation: the prompt goes through the blocks as one chunk, filling a KVCache per block,
+then each new token is one cached step: its embedding at the next position, the blocks
+over their caches, and the head on that one row.  The next token is the argmax
+(temperature 0) or a draw from ``next_token_probs`` (models.sampling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..api import Stack, get_backend
+from ..backends import DEFAULT_BACKEND, lm_hook
+from ..config import BlockConfig, _check_int
+from ..kvcache import KVCache
+from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite
+from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
+
+
+def check_dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+class CausalLM:
+    """Embeddings, a Stack of causal blocks and the tied head.  ``model(ids)`` gives the
+    logits, ``hidden_states(ids)`` the residual stream after each block, ``next_logits``
+    a decoding step's, ``generate`` and ``stream`` the continuation.  Every array is a
+    private read-only copy in the model's dtype: a model is fixed once made."""
+
+    def __init__(self, cfg: BlockConfig, vocab_size: int, n_positions: int, embeddings, blocks, ln_f,
+                 dtype=np.float32):
+        """embeddings = (wte (vocab_size, d), wpe (n_positions, d)); blocks: one BlockWeights
+        a block; ln_f = (gamma (d,), beta (d,)); every array is copied into ``dtype``."""
+        dtype = check_dtype(dtype)
+        d = cfg.d_model
+
+        def own(name, value, shape):
+            a = as_float_array(name, value, len(shape))
+            if a.shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+            check_finite(name, a)
+            a = np.array(a, dtype=dtype, order="C")     # a private copy, as BlockWeights keeps
+            a.flags.writeable = False
+            return a
+
+        self.vocab_size, self.n_positions, self.dtype = vocab_size, n_positions, dtype
+        self.wte = own("wte", embeddings[0], (vocab_size, d))      # (vocab, d): row v is token v
+        self.wpe = own("wpe", embeddings[1], (n_positions, d))     # (n_positions, d): row t is position t
+        self.ln_f = np.concatenate([own("ln_f_gamma", ln_f[0], (d,)), own("ln_f_beta", ln_f[1], (d,))])
+        self.ln_f.flags.writeable = False       # (2d,): [gamma | beta], read-only like every array here
+        if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
+            raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
+        self.stack = Stack(cfg, [self._cast(b, i) for i, b in enumerate(blocks)])
+        self.eps = cfg.eps                      # LN_f's, as the blocks' LayerNorms
+        self._heads = {}                        # backend name -> its prepare_head(wte), on first use
+        self._step, self._step_backend = None, None     # the prepared decode step and its backend
+
+    def _cast(self, w, i: int) -> BlockWeights:
+        # every block in the model's dtype, so the blocks run in the dtype the logits have
+        if not isinstance(w, BlockWeights):
+            raise TypeError(f"blocks[{i}] must be a BlockWeights, got {type(w).__name__}")
+        if w.dtype == self.dtype:
+            return w
+        return BlockWeights(**{k: v.astype(self.dtype) for k, v in w.arrays().items()})
+
+    def __getstate__(self):
+        # what backends prepared (the packed head, the decode step: addresses of this
+        # process's arrays) is left behind; the unpickled model prepares its own on use
+        state = self.__dict__.copy()
+        state.update(_heads={}, _step=None, _step_backend=None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        for a in (self.wte, self.wpe, self.ln_f):
+            a.flags.writeable = False           # pickle hands arrays back writeable
+
+    @property
+    def blocks(self) -> list[BlockWeights]:
+        return [b.weights for b in self.stack.blocks]
+
+    def param_count(self) -> int:
+        """Parameters, the tied head counted once."""
+        blocks = sum(a.size for b in self.blocks for a in b.arrays().values())
+        return self.wte.size + self.wpe.size + blocks + self.ln_f.size
+
+    # --------------------------------------------------------------- forward
+
+    def _check_ids(self, ids) -> np.ndarray:
+        """ids as an integer (B, T) array, B=1 for 1-D ids, after every check."""
+        if isinstance(ids, (list, tuple)):
+            ids = np.asarray(ids)
+        if not isinstance(ids, np.ndarray):
+            raise TypeError(f"ids must be an integer numpy array (T,) or (B, T), got {type(ids).__name__}")
+        if ids.ndim not in (1, 2):
+            raise ValueError(f"ids must be (T,) or (B, T), got shape {ids.shape}")
+        if ids.shape[-1] == 0 or ids.shape[0] == 0:
+            raise ValueError(f"ids must hold at least one token (T >= 1) and one sequence, got shape {ids.shape}")
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"ids must have an integer dtype, got {ids.dtype}")
+        T = ids.shape[-1]
+        if T > self.n_positions:
+            raise ValueError(f"ids has T={T} tokens, more than n_positions={self.n_positions}: the model has "
+                             f"no position embedding past position {self.n_positions - 1}")
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"ids must be token ids in [0, vocab_size={self.vocab_size}), found {ids[at]} "
+                             f"at index {at}")
+        return ids if ids.ndim == 2 else ids[None]
+
+    def embed(self, ids2: np.ndarray, past: int = 0) -> np.ndarray:
+        """h_0 of tokens ids2 (B, T) at positions past .. past + T - 1: (B, T, d)."""
+        return self.wte[ids2] + self.wpe[past:past + ids2.shape[1]]
+
+    def hidden_states(self, ids, backend: str | None = None) -> np.ndarray:
+        """The residual stream h_0 (the embeddings), h_1, ..., h_N (after each block),
+        stacked: (N + 1, T, d) for ids (T,), (N + 1, B, T, d) for ids (B, T).  No LN_f
+        is applied (transformers' last hidden state is LN_f(h_N))."""
+        ids2 = self._check_ids(ids)
+        H = self.embed(ids2)
+        states = [H]
+        for block in self.stack.blocks:
+            H = block(H, backend=backend)
+            states.append(H)
+        out = np.stack(states)                      # (N + 1, B, T, d)
+        return out if np.ndim(ids) == 2 else out[:, 0]
+
+    def __call__(self, ids, backend: str | None = None, cache: list[KVCache] | None = None) -> np.ndarray:
+        """Logits: (T, vocab) for ids (T,), (B, T, vocab) for ids (B, T), in the model's dtype.
+        ``backend`` runs the blocks as in tblock.forward, and the head (the backend's
+        lm_head, or the registry's float64 reference).
+
+        With ``cache`` (``make_cache``), ids are the next tokens of sequences whose first
+        ``cache[0].length`` tokens the cache holds: they sit at the positions after those,
+        their keys and values are appended, and their logits are those of a call on the
+        whole sequence."""
+        name = self._cached_backend(backend) if cache is not None else self._backend(backend)
+        ids2 = self._check_ids(ids)
+        if cache is None:
+            H = self.stack(self.embed(ids2), backend=name)
+        else:
+            H = self._forward_cached(ids2, cache, name)
+        logits = self._head(H, name)                # (B, T, vocab)
+        return logits if np.ndim(ids) == 2 else logits[0]
+
+    def head(self, H, backend: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """LN_f(H) @ wte^T: the logits (B, T, vocab) of hidden states H (B, T, d) in the
+        model's dtype, into ``out`` when given (a C-contiguous (B, T, vocab) array of it)."""
+        name = self._backend(backend)
+        H = as_float_array("H", H, 3)
+        if H.shape[-1] != self.wte.shape[1] or H.dtype != self.dtype:
+            raise ValueError(f"H must be (B, T, {self.wte.shape[1]}) of {self.dtype}, got {H.shape} of {H.dtype}")
+        if out is not None and (not isinstance(out, np.ndarray) or out.dtype != self.dtype
+                                or out.shape != H.shape[:2] + (self.vocab_size,) or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
+                             f"{H.shape[:2] + (self.vocab_size,)}, got {getattr(out, 'shape', type(out).__name__)}")
+        return self._head(H, name, out)
+
+    def _head(self, H: np.ndarray, backend: str, out: np.ndarray | None = None, scratch: bool = False):
+        """The backend's lm_head hook on H (B, T, d) into out (B, T, vocab).  scratch: H is
+        the caller's to overwrite (LN_f may go over it)."""
+        module = get_backend(backend)
+        head = self._heads.get(backend)
+        if head is None:
+            head = self._heads[backend] = lm_hook(module, "prepare_head")(self.wte, self.dtype)
+        if out is None:
+            out = np.empty(H.shape[:2] + (self.vocab_size,), dtype=self.dtype)
+        return lm_hook(module, "lm_head")(H, self.ln_f, self.eps, head, out, scratch)
+
+    @staticmethod
+    def _backend(backend: str | None) -> str:
+        name = DEFAULT_BACKEND if backend is None else backend
+        get_backend(name)                       # a bad backend fails before any work
+        return name
+
+    @classmethod
+    def _cached_backend(cls, backend: str | None) -> str:
+        name = cls._backend(backend)
+        if getattr(get_backend(name), "forward_cached", None) is None:
+            raise ValueError(f"backend {name!r} has no KV-cache path: generation needs one "
+                             f"(numba and numpy have it)")
+        return name
+
+    # --------------------------------------------------------------- cached forward
+
+    def make_cache(self, max_T: int | None = None, batch: int = 1) -> list[KVCache]:
+        """Empty KV caches, one per block, for ``batch`` sequences of up to ``max_T`` tokens
+        (default n_positions) in the model's dtype: 2 * N * max_T * d values per sequence,
+        allocated here once."""
+        max_T = self.n_positions if max_T is None else _check_int("max_T", max_T, 1)
+        if max_T > self.n_positions:
+            raise ValueError(f"max_T must be <= n_positions={self.n_positions} (the model has no position "
+                             f"past that), got {max_T}")
+        return self.stack.make_cache(max_T, batch, self.dtype)
+
+    def _forward_cached(self, ids2: np.ndarray, cache: list[KVCache], backend: str) -> np.ndarray:
+        """h_N of the new tokens ids2 (B, T_new) after the cache's ``past`` ones: (B, T_new, d).
+        The stack checks every block's cache (config, dtype, batch, room) before writing any."""
+        if isinstance(cache, KVCache) or not isinstance(cache, (list, tuple)) or not cache:
+            raise TypeError(f"cache must be the list of KVCaches of model.make_cache(), got {type(cache).__name__}")
+        past = getattr(cache[0], "length", 0)
+        T_new = ids2.shape[1]
+        if past + T_new > self.n_positions:
+            raise ValueError(f"the cache holds {past} tokens; {T_new} more would pass n_positions="
+                             f"{self.n_positions}")
+        # the rows may be the cache's scratch: read them before the next call
+        return self.stack.run_cached(self.embed(ids2, past), backend, cache, fresh=False)
+
+    def next_logits(self, ids, cache: list[KVCache], backend: str | None = None, out=None) -> np.ndarray:
+        """The logits after the last of the new tokens ``ids`` only: (vocab,) for ids (T_new,),
+        (B, vocab) for (B, T_new).  As ``model(ids, cache=cache)[..., -1, :]``, with the head
+        run on that one row.  ``out``: a (B, vocab) array of the model's dtype to write them
+        into, so a decoding loop allocates none per token.  One token a sequence with the
+        caches of the previous such call: the backend's prepared step, where it has one;
+        otherwise, or when the step declines (anything it was not prepared for), the
+        checked path, which raises every error."""
+        step = self._step
+        if step is not None and (DEFAULT_BACKEND if backend is None else backend) == self._step_backend:
+            logits = step(ids, cache, out)
+            if logits is not None:
+                return logits
+        name = self._cached_backend(backend)
+        ids2 = self._check_ids(ids)
+        B = ids2.shape[0]
+        if out is not None and (not isinstance(out, np.ndarray) or out.shape != (B, self.vocab_size)
+                                or out.dtype != self.dtype or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
+                             f"{(B, self.vocab_size)}, got {getattr(out, 'shape', type(out).__name__)}")
+        H = self._forward_cached(ids2, cache, name)
+        logits = self._head(H[:, -1:], name, None if out is None else out[:, None], scratch=True)  # (B, 1, vocab)
+        if ids2.shape[1] == 1:
+            self._prepare_step(cache, name)
+        return logits[:, 0] if np.ndim(ids) == 2 else logits[0, 0]
+
+    def _prepare_step(self, cache: list[KVCache], backend: str) -> None:
+        """After a checked decode step with these caches: the backend's prepared step for
+        the next ones (None where it has none)."""
+        module = get_backend(backend)
+        if backend not in self._heads:
+            self._heads[backend] = lm_hook(module, "prepare_head")(self.wte, self.dtype)
+        self._step = lm_hook(module, "prepare_decode")(self.blocks, self.stack.cfg, cache, self.wte, self.wpe,
+                                                       self.ln_f, self.eps, self._heads[backend])
+        self._step_backend = backend
+
+    @property
+    def prepared_step(self):
+        """The backend's decode step prepared for the last list of caches a checked
+        one-token step used, or None; ``next_logits`` runs it when it can."""
+        return self._step
+
+    def clear_prepared_step(self) -> None:
+        """Drop the prepared step: the next one-token step takes the checked path (and
+        prepares a step for its caches)."""
+        self._step, self._step_backend = None, None
+
+    # --------------------------------------------------------------- generation
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed=None, eos_token_id: int | None = None,
+                 backend: str | None = None) -> np.ndarray:
+        """The prompt followed by up to ``max_new_tokens`` new tokens, as transformers'
+        generate returns them: (T + n,) for ids (T,), (B, T + n) for ids (B, T), int64.
+
+        temperature 0 is greedy (the argmax; top_k and top_p do not apply); otherwise each
+        token is drawn from ``next_token_probs(logits, temperature, top_k, top_p)`` with
+        ``np.random.default_rng(seed)``, so a seed repeats a run.  A sequence that produces
+        ``eos_token_id`` emits it from then on (transformers pads with pad_token_id, GPT-2's
+        being its eos), and generation stops once every sequence has (n < max_new_tokens).
+        The prompt runs through the blocks as one chunk, then each token is one cached step."""
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        n = 0
+        for n in steps:
+            pass
+        out = out[:, :T + n]
+        return out if np.ndim(ids) == 2 else out[0]
+
+    def stream(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed=None, eos_token_id: int | None = None,
+               backend: str | None = None):
+        """``generate`` one token at a time: an iterator yielding each new token as an int
+        for ids (T,), or the (B,) array of the step's tokens for ids (B, T).  The arguments
+        are checked here, before the first token is asked for."""
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        if np.ndim(ids) == 2:
+            return (out[:, T + n - 1].copy() for n in steps)
+        return (int(out[0, T + n - 1]) for n in steps)
+
+    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend):
+        """Every argument checked, the output buffer (B, T + max_new_tokens) holding the prompt,
+        and the decoding loop (not started): (out, T, steps)."""
+        ids2 = self._check_ids(ids)
+        B, T = ids2.shape
+        name = self._cached_backend(backend)
+        max_new = _check_int("max_new_tokens", max_new_tokens, 0)
+        if T + max_new > self.n_positions:
+            raise ValueError(f"max_new_tokens={max_new} after T={T} prompt tokens passes n_positions="
+                             f"{self.n_positions} (the model's context): at most {self.n_positions - T}")
+        temperature = check_temperature(temperature)
+        top_k, top_p = check_filters(top_k, top_p)
+        if eos_token_id is not None:
+            eos_token_id = _check_int("eos_token_id", eos_token_id, 0)
+            if eos_token_id >= self.vocab_size:
+                raise ValueError(f"eos_token_id must be a token id in [0, vocab_size={self.vocab_size}), "
+                                 f"got {eos_token_id}")
+        rng = rng_of(seed)
+        if temperature == 0.0:
+            def pick(logits):               # (B, vocab) -> (B,): the first of equal maxima
+                return logits.argmax(axis=-1)
+        else:
+            def pick(logits):
+                return draw(next_token_probs(logits, temperature, top_k, top_p), rng)
+        out = np.empty((B, T + max_new), dtype=np.int64)    # prompt + new tokens, allocated once
+        out[:, :T] = ids2
+        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name)
+
+    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str):
+        """The decoding loop: fills out[:, T + n] for n = 0, 1, ... and yields n + 1 after
+        each.  The prompt out[:, :T] is one chunk through the blocks; every later step feeds
+        the token just chosen.  Caches and logits are allocated once, before the loop."""
+        if max_new == 0:
+            return
+        B = out.shape[0]
+        cache = self.make_cache(T + max_new - 1, B)     # the last new token is never fed back
+        logits = np.empty((B, self.vocab_size), dtype=self.dtype)
+        done = np.zeros(B, dtype=bool)
+        chunk = out[:, :T]                  # (B, T): the prompt, then (B, 1) per step
+        for n in range(max_new):
+            self.next_logits(chunk, cache, backend, out=logits)
+            tok = pick(logits)              # (B,)
+            if eos is not None:
+                tok = np.where(done, eos, tok)      # a finished sequence keeps emitting eos
+                done |= tok == eos
+            out[:, T + n] = tok
+            yield n + 1
+            if eos is not None and done.all():
+                return
+            chunk = out[:, T + n:T + n + 1]
