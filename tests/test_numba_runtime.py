@@ -9,9 +9,12 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import proc
 
 import tblock
 from tblock.backends import numba as nb
+
+pytestmark = pytest.mark.isa
 
 
 def test_four_threads_give_the_serial_results():
@@ -122,45 +125,21 @@ def test_the_compiled_block_is_cacheable():
     assert attention_core._cache is not None
 
 
-def _run_child(code):
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+def _run_child(*name_and_args):
+    p = subprocess.run(proc(*name_and_args), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr
     return p.stdout
 
 
+@pytest.mark.subprocess
 def test_import_loads_numba_but_compiles_nothing():
     """`import tblock` brings the default backend's runtime (Numba) but no compiled code:
     compiling (or loading it from the cache) waits for first use or warmup()."""
-    out = _run_child(
-        "import sys, tblock\n"
-        "from tblock.kernels.block import block_parallel, block_serial\n"
-        "print('numba' in sys.modules, len(block_parallel.signatures), len(block_serial.signatures))\n")
+    out = _run_child("import_check", "nothing_compiled")
     assert out.split() == ["True", "0", "0"]
 
 
-_CACHED_BLOCK = r"""
-import re, numpy as np, tblock
-from tblock.kernels.block import block_parallel, block_serial, one_block_parallel
-cfg = tblock.BlockConfig(d_model=24, n_heads=3)
-w = tblock.init_weights(cfg, 1)
-errs = []
-for T in (3, 2000):                             # the serial and the parallel block
-    H = np.random.default_rng(T).standard_normal((T, 24)).astype(np.float32)
-    y = tblock.forward(H, w, cfg, backend="numba")
-    ref = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
-    errs.append(float(np.abs(y - ref).max() / np.abs(ref).max()))
-hits = sum(block_parallel.stats.cache_hits.values()) + sum(block_serial.stats.cache_hits.values())
-by_address = linked = "-"
-if hits == 0:                                   # inspection works on freshly compiled code only
-    outer = next(iter(block_parallel.overloads.values())).library.get_llvm_str()
-    ir = next(iter(one_block_parallel.overloads.values())).library.get_llvm_str()
-    by_address = (re.search(r'declare [^@]*@"?tblock\.kernel\.one_block_parallel\.', outer) is not None
-                  and re.search(r'declare [^@]*@"?tblock\.kernel\.attention_stages_task\.', ir) is not None)
-    linked = any("qkv_task" in f for f in re.findall(r'^define [^@]*@"?([^"(]+)', outer + ir, re.M))
-print(hits, by_address, linked, max(errs))
-"""
-
-
+@pytest.mark.subprocess
 def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path):
     """The parallel block calls its body (one_block_parallel), and the body its stage
     tasks, through their addresses (kernels.options, standalone=True): their machine code
@@ -171,7 +150,7 @@ def test_a_cached_block_calls_its_standalone_kernels_in_a_fresh_process(tmp_path
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_NUM_THREADS": "2"}
     runs = []
     for _ in range(2):
-        p = subprocess.run([sys.executable, "-c", _CACHED_BLOCK], env=env, capture_output=True, text=True,
+        p = subprocess.run(proc("cached_block"), env=env, capture_output=True, text=True,
                            timeout=900)
         assert p.returncode == 0, p.stderr
         runs.append(p.stdout.split())
@@ -293,99 +272,20 @@ def test_next_task_hands_out_each_task_once_by_halves():
     assert list(order(9, 0)) == list(range(9))
 
 
-_STAGES_IN_ONE_REGION = r"""
-import numba, numpy as np, tblock
-from numba import prange
-from tblock.kernels.block import PLAN_COLS, next_task
-from tblock.kernels.options import finished, kernel, wait_for
-
-@kernel(parallel=True, cache=False)     # cache=False: Numba caches no code from a -c string
-def run(n, workers, nthr):
-    # three stages in one region; each task of a stage reads everything the stage before wrote
-    plan = np.zeros((3, PLAN_COLS), dtype=np.intp)
-    plan[:, 1] = n
-    a = np.zeros((4, n), dtype=np.intp)
-    a[0] = 1
-    for w in prange(workers):
-        for s in range(3):
-            t = next_task(plan, s, w, 2, nthr)
-            while t < n:
-                a[s + 1, t] = a[s].sum() + t
-                finished(plan, s, 4, nthr)
-                t = next_task(plan, s, w, 2, nthr)
-            wait_for(plan, s, 4, n)
-    return a[3]
-
-def want(n):
-    a = np.ones(n, dtype=np.intp)
-    for _ in range(3):
-        a = a.sum() + np.arange(n)
-    return a
-
-ok = []
-for threads, n, workers in ((2, 1000, 2), (2, 7, 2), (2, 3, 5), (1, 50, 2), (1, 1, 3)):
-    numba.set_num_threads(threads)      # 1: one thread runs every iteration in turn
-    ok.append(bool((run(n, workers, 2) == want(n)).all()))
-
-# a decode step's block (one region, kernels.block) on a pool of one thread: the same output
-from tblock.backends import numba as nb
-cfg = tblock.BlockConfig(d_model=64, n_heads=4, causal=True)
-w = tblock.init_weights(cfg, 0)
-outs = []
-for threads in (2, 1):
-    cache = tblock.KVCache(cfg, 8)
-    H = np.random.default_rng(1).standard_normal((1, 5, 64)).astype(np.float32)
-    tblock.forward(H, w, cfg, cache=cache)
-    H1 = np.random.default_rng(2).standard_normal((1, 1, 64)).astype(np.float32)
-    H1.flags.writeable = False
-    numba.set_num_threads(threads)
-    args = (H1, nb._packed(w, np.float32), 1, 64) + nb._plan(w, cfg, np.float32)[2] + nb._cache_args(cache, nb.ONE_BLOCK)
-    outs.append(nb.cached_parallel(*args, 2)[0].copy())
-ok.append(bool(np.array_equal(outs[0], outs[1])))
-print(ok)
-"""
-
-
+@pytest.mark.subprocess
 def test_stages_of_one_region_wait_for_tasks_not_threads():
     """kernels.options.finished / wait_for, the barrier between the stages of a decode
     step's one parallel region: every task of a stage sees every write of the stage
     before, with more iterations than threads, and with a pool of one thread running the
     iterations in turn (it claims every task itself, so waiting for tasks cannot
     deadlock); and the block's decode step gives the same output on such a pool."""
-    p = subprocess.run([sys.executable, "-c", _STAGES_IN_ONE_REGION], capture_output=True, text=True, timeout=300,
+    p = subprocess.run(proc("stages_in_one_region"), capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NUMBA_NUM_THREADS": "2"})
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["[True,"] + ["True,"] * 4 + ["True]"]
 
 
-_BOUNDS_CHECKED = r"""
-import numpy as np, tblock
-worst = 0.0
-for dtype in (np.float32, np.float64):
-    for norm in ("pre", "post"):
-        # serial sizes; a tiled causal one; a parallel one with few rows (the FFN's split path)
-        for d, h, T, B in [(24, 3, 3, 1), (16, 1, 1, 3), (24, 3, 50, 2), (48, 4, 700, 1), (256, 4, 200, 1)]:
-            cfg = tblock.BlockConfig(d_model=d, n_heads=h, norm=norm)
-            w = tblock.init_weights(cfg, 1, dtype=dtype)
-            H = np.random.default_rng(T).standard_normal((B, T, d)).astype(dtype)
-            ref = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
-            worst = max(worst, np.abs(tblock.forward(H, w, cfg) - ref).max() / np.abs(ref).max())
-            if norm == "pre" and T > 1:     # a prefill, then one token, through a KV cache
-                cache = tblock.KVCache(cfg, T + 4, batch=B, dtype=dtype)
-                tblock.forward(H[:, :T - 1], w, cfg, cache=cache)
-                last = tblock.forward(H[:, T - 1:], w, cfg, cache=cache)
-                worst = max(worst, np.abs(last - ref[:, T - 1:]).max() / np.abs(ref).max())
-                # the same through a stack of three (one compiled call: blocks reached by address)
-                stack = tblock.Stack.init(cfg, 3, seed=2, dtype=dtype)
-                caches = stack.make_cache(T + 4, batch=B, dtype=dtype)
-                sref = stack(H.astype(np.float64), backend="numpy")
-                stack(H[:, :T - 1], cache=caches)
-                last = stack(H[:, T - 1:], cache=caches)
-                worst = max(worst, np.abs(last - sref[:, T - 1:]).max() / np.abs(sref).max())
-print(worst)
-"""
-
-
+@pytest.mark.subprocess
 def test_every_block_path_stays_in_bounds(tmp_path):
     """The block's buffers and indices under Numba's bounds checking (NUMBA_BOUNDSCHECK=1
     overrides the kernels' setting; a separate cache folder keeps the checked code apart):
@@ -394,7 +294,7 @@ def test_every_block_path_stays_in_bounds(tmp_path):
     index past a buffer's end reads or writes the heap silently (the stage plan of a
     Post-LN block with the split FFN needs five rows: four passed every other test)."""
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_NUM_THREADS": "2", "NUMBA_CACHE_DIR": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-c", _BOUNDS_CHECKED], env=env, capture_output=True, text=True,
+    p = subprocess.run(proc("bounds_checked"), env=env, capture_output=True, text=True,
                        timeout=1800)
     assert p.returncode == 0, p.stderr
     assert float(p.stdout) < 1e-5
@@ -408,28 +308,7 @@ def test_an_internal_kernel_refuses_a_call_from_python():
         qkv_task(np.zeros(4), np.zeros(4))
 
 
-_FORWARD_MEMORY = """
-import numpy as np, tblock
-def rss(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024
-tblock.warmup()
-cfg = tblock.BlockConfig(d_model=768, n_heads=12)
-w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
-H = np.random.default_rng(0).standard_normal((4096, 768)).astype(np.float32)
-try:
-    with open("/proc/self/clear_refs", "w") as f:   # "5" resets the peak (VmHWM) to now
-        f.write("5")
-except OSError:
-    print("no-reset")
-    raise SystemExit
-before = rss("VmRSS")
-out = tblock.forward(H, w, cfg)
-print(rss("VmHWM") - before, bool(np.isfinite(out).all()))
-"""
-
-
+@pytest.mark.subprocess
 def test_forward_memory_is_the_packed_weights_and_o_T_d_buffers():
     """d_model=768, T=4096, float32, after warm-up: one forward needs the packed weights
     (28.3 MiB), Q (12 MiB), packed K and V (24 MiB), then the output (12 MiB) once K and V
@@ -438,7 +317,7 @@ def test_forward_memory_is_the_packed_weights_and_o_T_d_buffers():
     T x T scores 64 more."""
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc/self/status (Linux only)")
-    out = _run_child(_FORWARD_MEMORY).split()
+    out = _run_child("forward_memory").split()
     if out == ["no-reset"]:
         pytest.skip("this kernel does not let a process reset its peak RSS (/proc/self/clear_refs)")
     assert out[1] == "True"

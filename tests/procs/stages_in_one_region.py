@@ -42,6 +42,7 @@ def want(n):
 def decode_step_outputs():
     """A decode step's block (one region, kernels.block) on pools of two threads and of one."""
     from tblock.backends import numba as nb
+    from tblock.kernels.block import cached_parallel
     cfg = tblock.BlockConfig(d_model=64, n_heads=4, causal=True)
     w = tblock.init_weights(cfg, 0)
     outs = []
@@ -52,8 +53,9 @@ def decode_step_outputs():
         H1 = np.random.default_rng(2).standard_normal((1, 1, 64)).astype(np.float32)
         H1.flags.writeable = False
         numba.set_num_threads(threads)
-        args = (H1, nb._packed(w, np.float32), 1, 64) + nb._plan(w, cfg, np.float32)[2] + nb._cache_args(cache, nb.ONE_BLOCK)
-        outs.append(nb.cached_parallel(*args, 2)[0].copy())
+        args = ((H1, nb.packing.packed(w, np.float32), 1, 64) + nb.packing.make_plan(w, cfg, np.float32)[2]
+                + nb.cached.cache_args(cache, nb.cached.ONE_BLOCK))
+        outs.append(cached_parallel(*args, 2)[0].copy())
     return outs
 
 
