@@ -293,15 +293,13 @@ def _count_in_child(**env):
     """tblock's count at start in a fresh process with this environment, and whether
     Numba's pool has started (it must not be: tblock.peers.import_early relies on it)."""
     base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    code = ("import tblock, numba.np.ufunc.parallel as p\n"
-            "n = tblock.get_num_threads(); tblock.set_num_threads(1)\n"
-            "print(n, p._is_initialized)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    p = subprocess.run(proc("thread_count"), capture_output=True, text=True, timeout=120,
                        env={**base, **env})
     assert p.returncode == 0, p.stderr
     return p.stdout.split(), p.stderr
 
 
+@pytest.mark.subprocess
 def test_the_environment_sets_the_starting_count():
     assert _count_in_child()[0] == [str(POOL), "False"]           # and the pool is not started
     assert _count_in_child(NUMBA_NUM_THREADS="1")[0] == ["1", "False"]
