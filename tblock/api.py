@@ -107,6 +107,11 @@ def check_input(H, cfg: BlockConfig, name: str = "H", finite: bool = True) -> np
     """Validate a (T, d_model) or (B, T, d_model) float array; return it unchanged.
     ``finite=False`` leaves out the NaN/Inf check (for a backend that does it itself)."""
     H = as_float_array(name, H)
+    # issue #31: np.matrix changes what * and reductions mean and a masked array's mask
+    # would be ignored, so the numpy backend computed something else: both refused
+    if type(H) is not np.ndarray and isinstance(H, (np.matrix, np.ma.MaskedArray)):
+        fix = f"np.asarray({name})" if isinstance(H, np.matrix) else f"{name}.filled(value): the mask would be ignored"
+        raise TypeError(f"{name} must be a plain numpy array, got {type(H).__module__}.{type(H).__name__}; pass {fix}")
     shape = H.shape                     # fetched once: each .shape builds a new tuple
     if len(shape) not in (2, 3):
         raise ValueError(f"{name} must be (T, d_model) or (B, T, d_model), got shape {shape}")

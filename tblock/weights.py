@@ -47,6 +47,15 @@ def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
     return value
 
 
+def frozen_copy(a: np.ndarray, dtype) -> np.ndarray:
+    """A C-contiguous copy of ``a`` in ``dtype`` that nobody can make writeable again: its
+    memory is an immutable bytes object, so ``flags.writeable = True`` raises ValueError (on
+    a copy owning its memory it would succeed, and an edit would leave what the backends
+    packed from it stale)."""
+    data = np.ascontiguousarray(a, dtype=dtype).tobytes()
+    return np.frombuffer(data, dtype=dtype).reshape(a.shape)
+
+
 def check_finite(name: str, a: np.ndarray) -> None:
     # the compiled loop takes native byte order only; big-endian data goes through numpy
     if not (_all_finite(a) if a.dtype.isnative else np.isfinite(a).all()):
@@ -86,8 +95,9 @@ class BlockWeights:
     b_v: np.ndarray | None = None        # (d_model,) value bias
     b_o: np.ndarray | None = None        # (d_model,) output-projection bias
     # per-config validation results and backend-prepared arrays (fused QKV, casts):
-    # safe to cache because every array above is a private read-only copy; init=False, so
-    # dataclasses.replace builds a fresh one instead of inheriting the old weights' packing
+    # safe to cache because every array above is a private copy nobody can make writeable
+    # (frozen_copy); init=False, so dataclasses.replace builds a fresh one instead of
+    # inheriting the old weights' packing
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -113,9 +123,7 @@ class BlockWeights:
         for name, a in arrays.items():
             # a private, C-contiguous, read-only copy: later edits to the caller's
             # arrays cannot change (or invalidate the cached checks of) these weights
-            own = np.array(a, dtype=dtype, order="C", copy=True)
-            own.flags.writeable = False
-            object.__setattr__(self, name, own)
+            object.__setattr__(self, name, frozen_copy(a, dtype))
 
     def __reduce__(self):
         # copy, deepcopy and pickle rebuild through __init__: private read-only arrays again

@@ -69,6 +69,30 @@ def test_bad_input_array(good, backend, H, exc, words):
         tblock.forward(H, w, CFG, backend=backend)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")        # np.matrix's own
+@pytest.mark.parametrize("make", [np.asmatrix, lambda H: np.ma.masked_array(H, mask=H > 1)],
+                         ids=["matrix", "masked"])
+@pytest.mark.parametrize("trace", [False, True])
+def test_matrix_and_masked_input_are_refused(good, backend, make, trace):
+    """Issue #31: an np.matrix made the numpy backend compute something else (``*`` is a
+    matrix product there and reductions keep two dimensions), and a masked array's mask was
+    ignored; both are refused naming H, by every backend, the input left as it was."""
+    H, w = good
+    X = make(H)
+    before = np.array(X)
+    with pytest.raises(TypeError, match=r"H must be a plain numpy array, got numpy\.(matrix|ma\.MaskedArray)"):
+        tblock.forward(X, w, CFG, backend=backend, trace=trace)
+    np.testing.assert_array_equal(np.array(X), before)
+
+
+def test_a_memory_mapped_input_still_works(good, backend, tmp_path):
+    """np.memmap is an ndarray subclass too, and an ordinary one: it is not refused."""
+    H, w = good
+    M = np.memmap(tmp_path / "H.bin", dtype=H.dtype, mode="w+", shape=H.shape)
+    M[...] = H
+    np.testing.assert_array_equal(tblock.forward(M, w, CFG, backend=backend), tblock.forward(H, w, CFG, backend=backend))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_input(good, backend, bad):
     H, w = good
