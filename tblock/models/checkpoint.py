@@ -125,9 +125,12 @@ def _entry(path: Path, name: str, info, base: int, data: int) -> TensorEntry:
     if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
         raise ValueError(f"{where}: shape must be a list of integers >= 0, got {shape!r:.200}")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data):
-        raise ValueError(f"{where}: data_offsets {offsets!r:.200} must be [begin, end] with "
-                         f"0 <= begin <= end <= {data}, the bytes of data in the file")
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                         f"got {offsets!r:.200}")
+    if offsets[1] > data:
+        raise ValueError(f"{where}: data_offsets {offsets} pass the end of the file's {data} bytes of data "
+                         f"(the file is truncated, or the offsets are wrong)")
     bits = DTYPE_BITS[code] * int(np.prod(shape, dtype=object))
     if bits != 8 * (offsets[1] - offsets[0]):
         raise ValueError(f"{where}: {offsets[1] - offsets[0]} bytes for shape {tuple(shape)} in {code}, "
@@ -138,16 +141,15 @@ def _entry(path: Path, name: str, info, base: int, data: int) -> TensorEntry:
 def _check_tiling(path: Path, tensors: dict[str, TensorEntry], base: int, data: int) -> None:
     """The tensors' bytes must tile the data exactly, as the spec requires: an overlap
     would make two tensors share bytes, a hole hides bytes no tensor accounts for."""
-    at, prev = base, None
-    for name, e in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].nbytes)):
-        if e.start < at:
-            raise ValueError(f"{path}: tensors {prev!r} and {name!r} overlap (bytes {e.start - base} .. "
-                             f"{at - base} of the data)")
-        if e.start > at:
-            raise ValueError(f"{path}: bytes {at - base} .. {e.start - base} of the data belong to no tensor")
-        at, prev = e.start + e.nbytes, name
-    if at != base + data:
-        raise ValueError(f"{path}: bytes {at - base} .. {data} of the data belong to no tensor")
+    spans = sorted((e.start - base, e.start - base + e.nbytes, name) for name, e in tensors.items())
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"{path}: tensors {first!r} and {second!r} overlap (bytes {start} .. {end} of the data)")
+    at = 0
+    for start, end, _ in spans + [(data, data, None)]:
+        if start != at:
+            raise ValueError(f"{path}: bytes {at} .. {start} of the data belong to no tensor")
+        at = end
 
 
 class Checkpoint:
