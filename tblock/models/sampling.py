@@ -38,7 +38,7 @@ def next_token_probs(logits, temperature: float = 1.0, top_k: int | None = None,
     top_k, top_p = check_filters(top_k, top_p)
     x = _check_logits(logits)
     top = x.max(axis=-1, keepdims=True)                                 # (..., 1)
-    with np.errstate(over="ignore"):            # a gap / a tiny temperature -> -inf: probability 0
+    with np.errstate(over="ignore"):            # a gap past the float64 range -> -inf: probability 0
         z = (x - top) / temperature                                     # <= 0, 0 at the maximum
     if top_k is not None and top_k < x.shape[-1]:
         # on the logits themselves: dividing by the temperature keeps their order, but its
