@@ -235,6 +235,16 @@ def _overflow(i: int, dtype) -> ValueError:
                       f"no block's cache has moved")
 
 
+def _check_distinct(caches) -> None:
+    """Every block needs a cache of its own: one object twice would take both blocks' keys."""
+    first = {}
+    for i, c in enumerate(caches):
+        j = first.setdefault(id(c), i)
+        if j != i:
+            raise ValueError(f"cache[{j}] and cache[{i}] are the same KVCache: each block needs its own "
+                             f"(make_cache makes one a block)")
+
+
 class Stack:
     """N blocks of one architecture, each with its own weights; block l's output
     feeds block l+1."""
@@ -340,6 +350,7 @@ class Stack:
             if not isinstance(c, KVCache):
                 raise TypeError(f"cache[{i}] must be a KVCache, got {type(c).__name__}")
             c.check(H3, self.cfg)
+        _check_distinct(caches)
         if len({c.length for c in caches}) != 1:
             raise ValueError(f"the blocks' caches hold different lengths {[c.length for c in caches]}")
 

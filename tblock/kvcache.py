@@ -105,6 +105,16 @@ class KVCache:
             raise ValueError(f"length must be between 0 and max_T={self._max_T}, got {n}")
         self._length = int(n)
 
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more tokens as cached, after a compiled step has written their keys
+        and values past ``length`` (a backend's decode step, tblock.api's stack)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"n must be an integer, got {type(n).__name__} {n!r}")
+        if not 0 <= n <= self._max_T - self._length:
+            raise ValueError(f"the cache holds {self._length} of max_T={self._max_T} tokens: it cannot "
+                             f"advance by {n}")
+        self._length += int(n)
+
     def __repr__(self):
         return (f"KVCache(d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, length={self.length}, "
                 f"max_T={self.max_T}, batch={self.batch}, dtype={self.dtype})")
