@@ -1,0 +1,76 @@
+"""Models pickle at any point (issue 31): before and after generate, with a prepared decode
+step or without, and come back computing the same bits.
+
+A prepared step holds addresses of this process's arrays and weak references to caches:
+it is left behind, and the unpickled model prepares its own on its first one-token step.
+Spawn pools and Ray-style workers receive a model this way.
+"""
+
+import copy
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import numpy as np
+import pytest
+
+from tblock import GPT2
+
+SHAPE = dict(vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+
+
+def snapshots(model, ids):
+    """Pickles of the model at each point of a session: fresh, after generate, with a step
+    prepared for a live list of caches, after a reference backend's call."""
+    out = {"fresh": pickle.dumps(model)}
+    model.generate(ids, 8, temperature=0)
+    assert model.prepared_step is not None
+    out["after generate"] = pickle.dumps(model)
+    cache = model.make_cache(20)
+    model.next_logits(ids[:5], cache)
+    model.next_logits(ids[5:6], cache)
+    out["with a live prepared step"] = pickle.dumps(model)
+    model(ids, backend="numpy")
+    model.next_logits(ids[6:7], cache, backend="numpy")
+    out["after the numpy backend"] = pickle.dumps(model)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_model_pickles_at_any_point(dtype):
+    model = GPT2.from_config(seed=4, dtype=dtype, **SHAPE)
+    ids = np.random.default_rng(0).integers(0, 101, 12)
+    logits, greedy = model(ids), model.generate(ids, 12, temperature=0)
+    sampled = model.generate(ids, 12, temperature=0.9, top_k=20, seed=3)
+    for when, blob in snapshots(model, ids).items():
+        m = pickle.loads(blob)
+        assert m.prepared_step is None, when
+        assert not (m.wte.flags.writeable or m.wpe.flags.writeable or m.ln_f.flags.writeable), when
+        assert np.array_equal(m(ids), logits), when
+        assert np.array_equal(m(ids, backend="numpy"), model(ids, backend="numpy")), when
+        assert np.array_equal(m.generate(ids, 12, temperature=0), greedy), when
+        assert m.prepared_step is not None, when        # it prepared its own step
+        assert np.array_equal(m.generate(ids, 12, temperature=0.9, top_k=20, seed=3), sampled), when
+
+
+def test_a_copied_model_steps_like_the_original():
+    model = GPT2.from_config(seed=5, **SHAPE)
+    ids = np.random.default_rng(1).integers(0, 101, 16)
+    model.generate(ids[:4], 4, temperature=0)
+    twin = copy.deepcopy(model)
+    a, b = model.make_cache(16), twin.make_cache(16)
+    model.next_logits(ids[:4], a)
+    twin.next_logits(ids[:4], b)
+    for t in range(4, 16):
+        assert np.array_equal(model.next_logits(ids[t:t + 1], a), twin.next_logits(ids[t:t + 1], b)), t
+    assert twin.prepared_step is not None and twin.prepared_step is not model.prepared_step
+
+
+@pytest.mark.subprocess
+def test_a_model_goes_to_a_spawned_worker():
+    model = GPT2.from_config(seed=6, **SHAPE)
+    ids = np.arange(5)
+    greedy = model.generate(ids, 10, temperature=0)         # the step prepared, then sent
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        got = pool.submit(model.generate, ids, 10, temperature=0).result(timeout=600)
+    np.testing.assert_array_equal(got, greedy)
