@@ -484,3 +484,13 @@ def test_import_tblock_stays_light():
     """GPT2 is loaded on first use: importing tblock does not import safetensors."""
     import subprocess
     subprocess.run(proc("import_check", "gpt2"), check=True)
+
+
+def test_the_model_cannot_be_edited_behind_the_backends():
+    """The embeddings and LN_f are copies nobody can make writeable: the packed head and a
+    prepared decode step were made from them once (issue 31)."""
+    model = GPT2.from_config(**SMALL, seed=1)
+    model(np.arange(3))                             # the head packed from wte
+    for a in (model.wte, model.wpe, model.ln_f, model.wte[:5]):
+        with pytest.raises(ValueError):
+            a.flags.writeable = True

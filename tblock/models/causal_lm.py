@@ -26,7 +26,7 @@ from ..api import Stack, get_backend
 from ..backends import DEFAULT_BACKEND, lm_hook
 from ..config import BlockConfig, _check_int
 from ..kvcache import KVCache
-from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite
+from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
 from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
 
 
@@ -41,7 +41,8 @@ class CausalLM:
     """Embeddings, a Stack of causal blocks and the tied head.  ``model(ids)`` gives the
     logits, ``hidden_states(ids)`` the residual stream after each block, ``next_logits``
     a decoding step's, ``generate`` and ``stream`` the continuation.  Every array is a
-    private read-only copy in the model's dtype: a model is fixed once made."""
+    private copy in the model's dtype that nobody can make writeable: a model is fixed
+    once made, so what a backend prepared from it (the packed head, a decode step) stays valid."""
 
     def __init__(self, cfg: BlockConfig, vocab_size: int, n_positions: int, embeddings, blocks, ln_f,
                  dtype=np.float32):
@@ -55,15 +56,13 @@ class CausalLM:
             if a.shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
             check_finite(name, a)
-            a = np.array(a, dtype=dtype, order="C")     # a private copy, as BlockWeights keeps
-            a.flags.writeable = False
-            return a
+            return frozen_copy(a, dtype)        # nobody can make it writeable: what backends prepared stays valid
 
         self.vocab_size, self.n_positions, self.dtype = vocab_size, n_positions, dtype
         self.wte = own("wte", embeddings[0], (vocab_size, d))      # (vocab, d): row v is token v
         self.wpe = own("wpe", embeddings[1], (n_positions, d))     # (n_positions, d): row t is position t
-        self.ln_f = np.concatenate([own("ln_f_gamma", ln_f[0], (d,)), own("ln_f_beta", ln_f[1], (d,))])
-        self.ln_f.flags.writeable = False       # (2d,): [gamma | beta], read-only like every array here
+        self.ln_f = frozen_copy(np.concatenate([own("ln_f_gamma", ln_f[0], (d,)),
+                                                own("ln_f_beta", ln_f[1], (d,))]), dtype)     # (2d,): [gamma | beta]
         if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
             raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
         self.stack = Stack(cfg, [self._cast(b, i) for i, b in enumerate(blocks)])
@@ -88,8 +87,8 @@ class CausalLM:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        for a in (self.wte, self.wpe, self.ln_f):
-            a.flags.writeable = False           # pickle hands arrays back writeable
+        for name in ("wte", "wpe", "ln_f"):     # pickle hands arrays back writeable
+            setattr(self, name, frozen_copy(getattr(self, name), self.dtype))
 
     @property
     def blocks(self) -> list[BlockWeights]:
