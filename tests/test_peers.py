@@ -31,6 +31,7 @@ def need(name):
         pytest.skip(why)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("name", peers.PEERS)
 def test_peer_matches_the_oracle(name, B):
@@ -45,6 +46,7 @@ def test_peer_matches_the_oracle(name, B):
     np.testing.assert_array_equal(fn(H), out)       # a second call: same answer, nothing consumed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["torch", "ort"])
 def test_peer_takes_2d_input_and_other_configs(name):
     # the builders follow the config: Post-LN, LayerNorm affines, FFN and attention biases,
@@ -62,6 +64,7 @@ def test_peer_takes_2d_input_and_other_configs(name):
     assert peers.max_rel_error(out, tblock.forward(H, w, cfg, backend="numpy")) < 1e-5
 
 
+@pytest.mark.slow
 def test_onnx_graph_uses_the_fused_attention_op():
     need("ort")
     cfg = tblock.BlockConfig(d_model=16, n_heads=2)
@@ -88,6 +91,7 @@ def test_widest_isa():
     assert peers.host_isa() == kernels_isa.PATH.runnable[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", peers.PEERS)
 def test_peer_reports_the_isa_of_its_kernels(name):
     need(name)
@@ -135,6 +139,7 @@ def test_status_and_versions_agree():
         peers.peer_status("tensorflow")
 
 
+@pytest.mark.slow
 def test_report_lists_the_peers(tmp_path, capsys):
     # cheap peers when installed; the report works, and says why, when none is
     ran = [p for p in ("ort", "torch") if peers.peer_status(p)[0]]
@@ -221,6 +226,7 @@ def test_a_peer_that_fails_in_a_child_process_is_named(how, why):
     assert _bench_common().child_failure(p) == why
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [{}, dict(norm="post", causal=False, activation="relu", ffn_bias=True, ln_affine=True,
                                          attn_bias=True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
