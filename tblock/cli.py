@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     les.add_argument("--out", default="lesson13-figures", metavar="DIR",
                      help="folder for the figures (default ./lesson13-figures)")
     les.add_argument("--backend", default="numpy", help="backend to run the block on (default numpy)")
+    les.add_argument("--force", action="store_true", help="replace files of the figures' names in --out that "
+                                                          "tblock did not write (nothing else is touched)")
     dem = sub.add_parser("demo", help="the interactive demo as a page, served from 127.0.0.1 "
                                       "(or --export a copy that opens from file://)",
                          description="Six tokens through one Post-LN block, stop by stop; every number "
@@ -30,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     dem.add_argument("--port", type=int, default=8013, help="port on 127.0.0.1 (default 8013; 0 picks a free one)")
     dem.add_argument("--no-browser", action="store_true", help="print the URL without opening a browser")
     dem.add_argument("--export", metavar="DIR", help="write a static copy, every toggle precomputed, into DIR")
+    dem.add_argument("--force", action="store_true", help="with --export: replace files of the page's names "
+                                                          "in DIR that tblock did not write (nothing else is touched)")
     gen = sub.add_parser("generate", help="continue a prompt with a GPT-2 checkpoint (tblock.GPT2.generate)",
                          description="Load a GPT-2 checkpoint directory (config.json + safetensors), continue "
                                      "the prompt, print the ids (and the text, with a tokenizer.json); a "
@@ -109,31 +113,40 @@ def _tokenizer(root, needed: bool):
             return None
         raise ValueError("--prompt needs the tokenizers package: pip install 'tblock-cpu[text]' "
                          "(or pip install tokenizers)") from None
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:          # the tokenizers package raises plain Exception for a bad file
+        raise ValueError(f"{path}: not a tokenizers file the tokenizers package can read: "
+                         f"{' '.join(str(e).split())}") from None
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(args, argv) -> int:
     if args.command == "report":
         from . import report
         return report.main(args, "tblock " + " ".join(sys.argv[1:] if argv is None else argv))
     if args.command == "lesson":
         from .lesson import run_lesson
-        try:
-            return run_lesson(out_dir=args.out, backend=args.backend)
-        except (ValueError, TypeError) as e:
-            print(f"tblock lesson: error: {e}", file=sys.stderr)
-            return 2
+        return run_lesson(out_dir=args.out, backend=args.backend, force=args.force)
     if args.command == "demo":
         from .lesson.demo_server import main as demo_main
         return demo_main(args)
     if args.command == "generate":
-        try:
-            return run_generate(args)
-        except (ValueError, TypeError, FileNotFoundError) as e:
-            print(f"tblock generate: error: {e}", file=sys.stderr)
-            return 2
+        return run_generate(args)
     return 1
+
+
+def main(argv=None) -> int:
+    """Every command's errors (bad input, a file that cannot be read or written, memory)
+    are one line on stderr and exit status 2, never a traceback."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args, argv)
+    except (ValueError, TypeError, OSError, MemoryError) as e:
+        what = " ".join(str(e).split()) or type(e).__name__
+        if isinstance(e, MemoryError):
+            what = f"out of memory ({what}): choose smaller sizes"
+        print(f"tblock {args.command}: error: {what}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

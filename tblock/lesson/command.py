@@ -20,6 +20,7 @@ from ..api import forward
 from ..backends import DEFAULT_BACKEND
 from ..config import BlockConfig
 from ..counting import param_breakdown, param_count
+from ..outfolder import OutputError, check_folder, write_folder
 from ..rustlab import Rng
 from ..weights import init_weights
 from ..worked_example import LESSON_PRINTED, load_worked_example
@@ -35,6 +36,7 @@ LESSON_BLOCK2_NORM = 14.85162630563989      # |H| after the lesson's block 2 (se
 BLOCK2_SEED = 14                             # the lesson's seed(14) before block 2's weights
 STACK_SEED = 1300                            # the lesson's seed(1300) before each stack_trace
 FIGURES = ("lesson13_stream.png", "lesson13_perturbation.png", "lesson13_depth.png", "lesson13_entropy.png")
+FIGURE_MARK = "tblock lesson"   # the figures' PNG Software field: a later run knows them as its own
 
 
 def _vec(v, digits=6):
@@ -191,14 +193,23 @@ def _heatmap(ax, M, title, plt):
     plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
 
 
+def _is_our_figure(path) -> bool:
+    # a PNG whose Software field says a lesson run wrote it (savefig's metadata below)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.startswith(b"\x89PNG") and b"Software\x00" + FIGURE_MARK.encode() in head
+
+
 def write_figures(data, out_dir) -> list[str]:
-    """The lesson's four figures as PNG; needs matplotlib (the ``plot`` extra)."""
+    """The lesson's four figures as PNG into ``out_dir`` (made if missing), replacing what
+    is there; needs matplotlib (the ``plot`` extra).  run_lesson writes them safely."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, name) for name in FIGURES]
+    savefig = lambda fig, path: fig.savefig(path, dpi=110, metadata={"Software": FIGURE_MARK})  # noqa: E731
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
     for ax, M, title in zip(axes, (data["H_in"], data["A_out"], data["F_out"]),
@@ -206,7 +217,7 @@ def write_figures(data, out_dir) -> list[str]:
         _heatmap(ax, M, title, plt)
     fig.suptitle("The residual stream and the two corrections the block adds to it")
     fig.tight_layout()
-    fig.savefig(paths[0], dpi=110)
+    savefig(fig, paths[0])
     plt.close(fig)
 
     pt = data["perturbation"]
@@ -215,7 +226,7 @@ def write_figures(data, out_dir) -> list[str]:
     _heatmap(axes[1], pt.dF, "FFN response to a bump at token 3", plt)
     fig.suptitle("Attention mixes rows (causally); the FFN mixes channels within one row")
     fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
+    savefig(fig, paths[1])
     plt.close(fig)
 
     deep = data["depth"]
@@ -238,7 +249,7 @@ def write_figures(data, out_dir) -> list[str]:
     ax.set_ylabel("sigma_max")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
+    savefig(fig, paths[2])
     plt.close(fig)
 
     fb = data["filter_bank"]
@@ -254,34 +265,36 @@ def write_figures(data, out_dir) -> list[str]:
     ax.set_xticks(t)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[3], dpi=110)
+    savefig(fig, paths[3])
     plt.close(fig)
     return paths
 
 
-def run_lesson(out_dir="lesson13-figures", backend=None, out=print) -> int:
-    """The walk-through, then the figures into ``out_dir``; a folder that cannot be made or
-    written raises ValueError naming it (the CLI: exit 2, no traceback)."""
+def run_lesson(out_dir="lesson13-figures", backend=None, out=print, force=False) -> int:
+    """The walk-through, then the figures into ``out_dir`` by tblock.outfolder's rules: a
+    figure of an earlier run is replaced, a user's file of the same name only with ``force``.
+    A folder that cannot hold them raises ValueError naming it, before the walk-through
+    (the CLI: exit 2, no traceback)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         matplotlib = None
     if matplotlib is not None:
-        _figures_folder(out_dir, lambda: os.makedirs(out_dir, exist_ok=True))   # fail before the walk-through
+        path = _figures_folder(lambda: check_folder(out_dir, "--out", FIGURES, _is_our_figure, force))
     data = walkthrough(backend=backend, out=out)
     out("")
     if matplotlib is None:
         out("Figures skipped: matplotlib is not installed (pip install 'tblock-cpu[plot]').")
         return 0
-    for path in _figures_folder(out_dir, lambda: write_figures(data, out_dir)):
-        out(f"wrote {path}")
+    fill = lambda staging: [os.path.basename(f) for f in write_figures(data, staging)]  # noqa: E731
+    for written in _figures_folder(lambda: write_folder(path, out_dir, "--out", fill, _is_our_figure, force)):
+        out(f"wrote {os.path.join(out_dir, written.name)}")
     return 0
 
 
-def _figures_folder(out_dir, action):
-    # action(), with an OSError about the folder turned into the ValueError the CLI reports
+def _figures_folder(action):
+    # action(), its OutputError worded for the figures (a ValueError, which the CLI reports)
     try:
         return action()
-    except OSError as e:
-        where = f" ({e.filename})" if e.filename else ""
-        raise ValueError(f"--out {out_dir!r} cannot hold the figures: {e.strerror or e}{where}") from None
+    except OutputError as e:
+        raise ValueError(f"{e.option} {e.given!r} cannot hold the figures: {e.reason}") from None

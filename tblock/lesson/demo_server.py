@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from ..outfolder import check_folder, write_folder
 from . import demo_page
 
 HOST = "127.0.0.1"
@@ -122,24 +123,42 @@ def serve(port: int = DEFAULT_PORT, open_browser: bool = True, out=sys.stdout) -
     return 0
 
 
-def export(out_dir, temperatures=demo_page.EXPORT_TEMPERATURES) -> Path:
-    """The page and every run into ``out_dir``; returns the path of its index.html."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--export needs a folder, got the file {str(out)!r}")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ASSETS:
-        (out / name).write_bytes(asset(name))
+EXPORTED = (*ASSETS, "runs.js")
+RUNS_MARK = b"window.TBLOCK_DEMO = "        # how an export's runs.js begins
+
+
+def _exported(path: Path) -> bool:
+    """Whether ``path`` belongs to an earlier export: its folder's runs.js is an export's."""
+    runs = path.parent / "runs.js"
+    if not runs.is_file() or runs.is_symlink():
+        return False
+    with open(runs, "rb") as f:
+        return f.read(len(RUNS_MARK)) == RUNS_MARK
+
+
+def export(out_dir, temperatures=demo_page.EXPORT_TEMPERATURES, force: bool = False) -> Path:
+    """The page and every run into ``out_dir`` by tblock.outfolder's rules (an earlier
+    export is replaced; a user's file of the same names only with ``force``, and never
+    through a symlink); returns the path of its index.html."""
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"--export needs a folder, got the file {str(out_dir)!r}")
+    path = check_folder(str(out_dir), "--export", EXPORTED, _exported, force)
     runs = demo_page.all_runs(temperatures)
-    (out / "runs.js").write_text(runs_script("static", temperatures, runs), encoding="utf-8")
-    return out / "index.html"
+
+    def fill(staging: Path) -> list[str]:
+        for name in ASSETS:
+            (staging / name).write_bytes(asset(name))
+        (staging / "runs.js").write_text(runs_script("static", temperatures, runs), encoding="utf-8")
+        return list(EXPORTED)
+    write_folder(path, str(out_dir), "--export", fill, _exported, force)
+    return Path(out_dir) / "index.html"
 
 
 def main(args, out=sys.stdout) -> int:
     """``tblock demo [--port N] [--no-browser] [--export DIR]``."""
     try:
         if args.export is not None:
-            index = export(args.export)
+            index = export(args.export, force=args.force)
             print(f"tblock demo: wrote {index} (open it in a browser; no server needed)", file=out)
             return 0
         return serve(args.port, open_browser=not args.no_browser, out=out)

@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,13 +34,14 @@ from ..backends import REFERENCES
 from ..backends.components import COMPONENTS, component_flops
 from ..config import BlockConfig
 from ..counting import param_count
+from ..outfolder import OutputError, write_folder
 from ..perf import Progress, git_commit, machine_info, pinned_threads  # noqa: F401
 # besides what this module runs, the names the CLI and the tests use are importable from here
 from .analysis import add_derived, flop_model, measured_crossover  # noqa: F401
 from .compare import compare_text, load_report
 from .markdown import load_warning, render_markdown, summary_text
 from .options import (PLOTS, SCHEMA, ReportError, ReportOptions, add_arguments, check_out_folder,  # noqa: F401
-                      default_T_list, refuse_foreign, resolve_options)
+                      default_T_list, refuse_foreign, resolve_options, written_by_tblock)
 from .plots import write_plots
 from .sweep import gemm_ceilings, prepare_all, run_peers, run_sweep, worked_example_rows
 
@@ -51,33 +50,22 @@ def _jsonable(v):
     return float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)      # reading the umask means setting it: put it straight back
-    os.umask(mask)
-    return mask
-
-
-def write_report_folder(data: dict, out: Path) -> None:
+def write_report_folder(data: dict, out: Path, force: bool = False) -> None:
+    """report.json, report.md and the plots into ``out`` (tblock.outfolder's rules): a
+    previous report's files are replaced, its plots not written this time removed, and
+    anything else in the folder refuses the write unless ``force`` (then it is left alone)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())        # mkdtemp's 0700 would become the report's mode
-        data["plots"] = write_plots(data, tmp) if data["options"]["plots"] else {
+
+    def fill(staging: Path) -> list[str]:
+        data["plots"] = write_plots(data, staging) if data["options"]["plots"] else {
             "files": [], "reason": "--no-plots was given"}
-        (tmp / "report.json").write_text(json.dumps(data, indent=1) + "\n")
-        (tmp / "report.md").write_text(render_markdown(data))
-        if out.exists():
-            refuse_foreign(str(out), out)      # again: files may have come in during the run
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
-            os.rename(out, old / out.name)
-            os.rename(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (staging / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+        (staging / "report.md").write_text(render_markdown(data))
+        return ["report.json", "report.md", *data["plots"]["files"]]
+
+    if out.is_dir() and not force:
+        refuse_foreign(str(out), out)      # again: files may have come in during the run
+    write_folder(out, str(out), "--out", fill, ours=written_by_tblock, force=force, stale=PLOTS)
 
 
 def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dict:
@@ -137,7 +125,7 @@ def run_report(opts: ReportOptions, command: str = "tblock report", out=print, p
     for b, why in opts.unavailable.items():
         out(f"   not run: {b}: {why}")
     data = build_report(opts, command, progress_stream)
-    write_report_folder(data, Path(opts.out))
+    write_report_folder(data, Path(opts.out), force=opts.force)
     out("")
     out(summary_text(data))
     out("")
@@ -166,6 +154,6 @@ def main(args: argparse.Namespace, argv_text: str = "tblock report") -> int:
             return 0
         opts = resolve_options(args)
         return run_report(opts, command=argv_text)
-    except ReportError as e:
+    except (ReportError, OutputError) as e:
         print(f"tblock report: error: {e}", file=sys.stderr)
         return 2

@@ -6,12 +6,12 @@ import argparse
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import peers
 from ..backends import components
+from ..outfolder import OutputError, check_folder
 from ..perf import t_grid, usable_cores
 
 SCHEMA = "tblock-report/1"
@@ -44,6 +44,7 @@ class ReportOptions:
     plots: bool = True
     seed: int = 0
     peers: list | None = None       # whole-block peers to time after the sweep; None: every installed one
+    force: bool = False             # --force: write into a folder holding other files, replacing same-named ones
 
 
 MODES = {
@@ -76,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                    help="causal mask (default) or the full square (--no-causal)")
     p.add_argument("--out", default="tblock-report", help="report folder (default ./tblock-report)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --out folder that holds other files: report.json, report.md and the "
+                        "plots replace files of those names there, nothing else is touched")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
                       help="the default: T up to 8*d_model, 3 repeats; under 2 minutes on 2 cores")
@@ -104,6 +108,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _positive(name, value):
     if value is not None and value < 1:
         raise ReportError(f"{name} must be >= 1, got {value}")
+
+
+def _threads(given: int | None) -> int:
+    """--threads, at most the cores this process may use and Numba's pool: above that numba
+    would be capped and the BLAS not, and the report would time two different counts."""
+    from .. import _runtime
+    cores, pool = usable_cores(), _runtime.pool_size()
+    top = min(cores, pool)
+    if given is None:
+        return top
+    _positive("--threads", given)
+    if given > top:
+        why = (f"the {cores} cores this process may use" if cores <= pool
+               else f"the size of Numba's thread pool (NUMBA_NUM_THREADS={pool})")
+        raise ReportError(f"--threads must be at most {top}, {why}, got {given}")
+    return given
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM in this machine, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(d_model: int, T_max: int, n_backends: int, dtype: str, ceiling_sizes) -> None:
+    """Refuse sizes whose arrays cannot fit in this machine's memory at all, before anything
+    is allocated: a lower bound, the weights once and once more per backend, one call's
+    activations at the largest T, and the ceiling GEMMs' three float64 n x n matrices."""
+    ram = physical_memory()
+    if ram is None:
+        return
+    gib = lambda b: f"{b / 2**30:,.1f} GiB"      # noqa: E731
+    itemsize = 4 if dtype == "float32" else 8
+    d_ff = 4 * d_model
+    params = 4 * d_model * d_model + 2 * d_model * d_ff
+    need = itemsize * (params * (1 + n_backends) + T_max * (6 * d_model + d_ff))
+    if need > ram:
+        raise ReportError(f"--d-model {d_model} with T up to {T_max} needs at least {gib(need)} (the weights "
+                          f"once per backend and one call's activations), and this machine has {gib(ram)}: "
+                          "choose a smaller --d-model or T")
+    n = max(ceiling_sizes)
+    if 3 * 8 * n * n > ram:
+        raise ReportError(f"--ceiling-sizes {n} needs {gib(3 * 8 * n * n)} for its n x n float64 matrices, "
+                          f"and this machine has {gib(ram)}: choose smaller sizes")
 
 
 def resolve_options(args: argparse.Namespace) -> ReportOptions:
@@ -166,8 +216,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
                 raise ReportError(f"--backends: backend {b!r} cannot run here: {why}")
         backends = list(dict.fromkeys(backends))     # drop repeats, keep the order
 
-    threads = usable_cores() if args.threads is None else args.threads
-    _positive("--threads", threads)
+    threads = _threads(args.threads)
     _positive("--repeats", args.repeats)
     if args.point_budget is not None and not args.point_budget > 0:
         raise ReportError(f"--point-budget must be > 0 seconds, got {args.point_budget}")
@@ -188,7 +237,8 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
             if x not in peers.PEERS:
                 raise ReportError(f"--peers: unknown peer {x!r}; choose from {', '.join(peers.PEERS)}, or none")
         peer_names = list(dict.fromkeys(peer_names))
-    out = check_out_folder(args.out)
+    _check_memory(d_model, max(T_list), len(backends), args.dtype, ceiling_sizes)
+    out = check_out_folder(args.out, force=args.force)
     _, _, repeats, min_repeat_s, target_s, budget = MODES[args.mode]
     return ReportOptions(
         d_model=d_model, n_heads=n_heads, T_list=T_list, backends=backends, unavailable=unavailable,
@@ -197,7 +247,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         target_s=target_s if args.target_time is None else args.target_time,
         point_budget_s=budget if args.point_budget is None else args.point_budget,
         ceiling_sizes=ceiling_sizes,
-        plots=args.plots, peers=peer_names)
+        plots=args.plots, peers=peer_names, force=args.force)
 
 
 def not_written_by_tblock(folder: Path) -> list[str]:
@@ -214,31 +264,28 @@ def not_written_by_tblock(folder: Path) -> list[str]:
     return [n for n in names if n not in ours or (folder / n).is_symlink() or not (folder / n).is_file()]
 
 
+def written_by_tblock(path: Path) -> bool:
+    """Whether the file ``path`` belongs to a tblock report (tblock.outfolder's ``ours``)."""
+    return path.name not in not_written_by_tblock(path.parent)
+
+
 def refuse_foreign(out: str, folder: Path) -> None:
     foreign = not_written_by_tblock(folder)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ReportError(f"--out {out!r} holds files a tblock report did not write ({shown}); refusing "
-                          "to replace it: choose a new or empty folder, or one that holds only a tblock report")
+                          "to write there: choose a new or empty folder, or one that holds only a tblock "
+                          "report, or give --force (report.json, report.md and the plots then replace "
+                          "files of those names, and nothing else is touched)")
 
 
-def check_out_folder(out: str) -> Path:
+def check_out_folder(out: str, force: bool = False) -> Path:
     """The report folder must be creatable, or empty, or hold nothing but a previous tblock
-    report (which is replaced whole); checked by really creating and removing a probe
-    folder, since os.access lies to root."""
+    report (whose files are replaced), unless ``force``; never removed or renamed itself."""
     path = Path(out).expanduser().absolute()
-    if path.exists():
-        if not path.is_dir():
-            raise ReportError(f"--out {out!r} exists and is not a folder")
+    if path.is_dir() and not force:
         refuse_foreign(out, path)
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ReportError(f"--out {out!r} cannot be created: {ancestor} is not a folder")
     try:
-        probe = tempfile.mkdtemp(prefix=".tblock-probe-", dir=ancestor)
-        os.rmdir(probe)
-    except OSError as e:
-        raise ReportError(f"--out {out!r} is not writable: {e.strerror} in {ancestor}") from None
-    return path
+        return check_folder(out, "--out", ("report.json", "report.md", *PLOTS), written_by_tblock, force)
+    except OutputError as e:
+        raise ReportError(str(e)) from None
