@@ -69,6 +69,8 @@ def test_stored_reference_is_what_the_javascript_prints():
         assert fresh[key]["kinds"] == REF[key]["kinds"]
         for field in ("stream", "probabilities"):                                # exp/sin/cos: to rounding
             np.testing.assert_allclose(fresh[key][field], REF[key][field], rtol=1e-13, atol=1e-15)
+    for field in ("probabilities", "attention"):
+        np.testing.assert_allclose(fresh["seed_page"][field], REF["seed_page"][field], rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.parametrize("heads, positional", [(2, True), (1, False)])
@@ -81,6 +83,22 @@ def test_model_matches_the_javascript_rendering(backend, heads, positional):
     np.testing.assert_allclose(r.stream, ref["stream"], rtol=1e-12, atol=1e-13)
     assert [k for k, _ in rec.events] == ref["kinds"]
     assert len(rec.events) == ref["n_events"] == demo.event_count(6, heads)
+
+
+def test_the_seed_pages_reading_shows_its_numbers(backend):
+    """The seed's page shows "predicts: ran 0.39 · attention entropy: 2.12 bits" for token 0 and
+    its tour "the attention rows average 2.11 bits". The JavaScript rendering, with eight words and
+    "ran" the seventh (docs/demo.md), gives those figures, and TinyLM gives the JavaScript's."""
+    ref = REF["seed_page"]
+    p, a = np.array(ref["probabilities"]), np.array(ref["attention"])                  # (6, 8), (2, 6, 6)
+    bits = -(a * np.log2(a)).sum(axis=-1)                                               # (2, 6)
+    assert (int(p[0].argmax()), f"{p[0].max():.2f}") == (6, "0.39")
+    assert f"{bits[:, 0].mean():.2f}" == "2.12" and f"{bits.mean():.2f}" == "2.11"
+    vocab = ["the", "cat", "sat", "on", "mat", "dog", "ran", "away"]
+    r = demo.TinyLM(vocab, seed=1, backend=backend).forward(TOKENS)
+    np.testing.assert_allclose(r.probabilities, p, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(r.attention, a, rtol=1e-12, atol=1e-14)
+    assert r.top[0] == "ran"
 
 
 # ---- the tracer ------------------------------------------------------------------------

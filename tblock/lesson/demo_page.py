@@ -7,35 +7,42 @@ TinyLM once, records the tracer's events, and turns them into everything the pag
              the token, the slice of the stage it writes, a caption, its line in the code panel
     states   per token, what the inspector and the two strips show from each of its events on:
              predicts, residual norm, attention entropy, attention weights, guess, invariants
-    code     tblock's own source of the stops, with every event mapped to the line computing it
+    code     tblock's own source of the stops (demo_code.code_panel), with every event mapped to
+             the line computing it and the values it writes
     tour     the guided tour: an event to jump to and what to read there
 
 Every number is formatted here, so the page's JavaScript only looks values up and colours
 cells; it computes nothing. The block runs on the numpy oracle, the backend whose source the
 code panel shows.
+
+The seed leaves the vocabulary open beyond the sentence's words. Eight words with "ran" the
+seventh is the one reading that reproduces the seed's page (predicts ran 0.39, residual norm
+2.00, attention entropy 2.12 bits at the predict stop, token 0 inspected); docs/demo.md says
+what was searched. Which two words fill the other open places is not in the seed.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
-import textwrap
-from pathlib import Path
 
 import numpy as np
 
-from ..backends import numpy as oracle
 from . import demo
 from .analysis import row_entropies_bits
+from .demo_code import NARRATION, code_panel
 
-VOCAB = ("the", "cat", "sat", "on", "mat", "ran")
+VOCAB = ("the", "cat", "sat", "on", "mat", "dog", "ran", "away")
 SENTENCE = ("the", "cat", "sat", "on", "the", "mat")     # "the" twice: the equivariance test
 SEED = 1                                                  # the demo class's default seed
 DIM, HIDDEN = 4, 8
 HEADS = (1, 2)
 BACKEND = "numpy"
-DIGITS = 3                                                # the inspector's decimals
+DIGITS = 2                                                # the seed's page shows two decimals
 DEFAULT = dict(heads=2, positional=True, temperature=1.0)
+START = dict(event="last", token=0)                       # the seed's page opens on the finished run
+# the ε edge: "cat" fed as a constant row (its embedding one value, W_o = 0, position off)
+EDGE_WORD, EDGE_VALUE = "cat", 0.5
 # the server's slider moves in 0.05 steps; a static export holds one run per 0.1
 SERVER_TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(1, 41))
 EXPORT_TEMPERATURES = tuple(round(0.1 * k, 1) for k in range(1, 21))
@@ -43,17 +50,6 @@ EXPORT_TEMPERATURES = tuple(round(0.1 * k, 1) for k in range(1, 21))
 # the stage's columns, one per stop of the block in the order the events visit them
 COLUMNS = (("embed", None), ("attend", None), ("add", "attention"), ("norm", "attention"),
            ("ffn", None), ("add", "ffn"), ("norm", "ffn"), ("predict", None))
-
-# the code panel: each function tblock runs, and for each stop it computes, a statement that
-# finds the stop's line in the function's source (searched for, so edits move the highlight)
-CODE = (
-    (demo.TinyLM.forward, {("embed", None): "x = E + P", ("predict", None): "p = softmax(logits"}),
-    (oracle.block_forward_one, {("add", "attention"): "layernorm(H_in + attention(",
-                                ("add", "ffn"): 'layernorm(tr["H_mid"] + ffn('}),
-    (oracle.attention, {("attend", None): "attention_core(Q, K, V, cfg)"}),
-    (oracle.layernorm, {("norm", "attention"): "np.sqrt(var + eps)", ("norm", "ffn"): "np.sqrt(var + eps)"}),
-    (oracle.ffn, {("ffn", None): "F_out = F_post @"}),
-)
 
 
 def stop_of(kind: str, payload: dict) -> tuple:
@@ -74,34 +70,6 @@ def _colour_values(v) -> list:
     return [round(float(x), 6) for x in v]
 
 
-# ---- the code panel ----------------------------------------------------------------------
-
-def _relative_file(obj) -> str:
-    """The source file as a path from the directory holding the tblock package."""
-    root = Path(inspect.getsourcefile(demo)).resolve().parents[2]
-    return Path(inspect.getsourcefile(obj)).resolve().relative_to(root).as_posix()
-
-
-def code_panel() -> tuple[list, dict]:
-    """The panel's sections (title, file, first line number, lines) and, per stop, the
-    (section, line) that computes it; a statement found nowhere, or twice, is an error."""
-    sections, lines_of = [], {}
-    for number, (fn, statements) in enumerate(CODE):
-        source, first = inspect.getsourcelines(fn)
-        lines = textwrap.dedent("".join(source)).rstrip("\n").split("\n")
-        sections.append(dict(title=fn.__qualname__, file=_relative_file(fn), start=first, lines=lines))
-        for stop, statement in statements.items():
-            hits = [j for j, line in enumerate(lines) if statement in line]
-            if len(hits) != 1:
-                raise LookupError(f"the code panel needs exactly one line of {fn.__qualname__} holding "
-                                  f"{statement!r} (the {stop[0]} stop), found {len(hits)}")
-            lines_of[stop] = (number, hits[0])
-    missing = set(COLUMNS) - set(lines_of)
-    if missing:
-        raise LookupError(f"no line of code for the stops {sorted(missing, key=str)}")
-    return sections, lines_of
-
-
 # ---- one run -----------------------------------------------------------------------------
 
 class _Recorder:
@@ -114,9 +82,9 @@ class _Recorder:
         self.events.append((kind, payload))
 
 
-def run_key(heads: int, positional: bool, temperature: float) -> str:
+def run_key(heads: int, positional: bool, temperature: float, constant_row: bool = False) -> str:
     """How the page names a run: the toggles, temperature to the slider's two decimals."""
-    return f"h{heads}-p{int(positional)}-t{temperature:.2f}"
+    return f"h{heads}-p{int(positional)}-t{temperature:.2f}" + ("-edge" if constant_row else "")
 
 
 def check_settings(heads, positional, temperature) -> tuple[int, bool, float]:
@@ -137,6 +105,9 @@ def _caption(kind, p, word) -> str:
         return f"attend · head {p['head']} looks around the sentence from {where}"
     if kind == "add":
         return f"add · {where}: the {p['stage']} output added onto the row"
+    if kind == "norm" and p["variance"] == 0:
+        return (f"norm · {where}: a constant row, variance 0; ε keeps (x − mean) / √(0 + ε) = 0 "
+                "finite where 0 / 0 would be NaN")
     if kind == "norm":
         return f"norm · {where}: the row after {p['stage']} recentred and rescaled"
     if kind == "ffn":
@@ -161,26 +132,62 @@ def _write(kind, p, head_dim) -> tuple:
     return 0, p["probabilities"], p["top"]
 
 
+def _writes(kind, p) -> list:
+    """What the stop's line of code writes, [name, verbose name, value], shown beside that line."""
+    i = p["index"]
+    if kind == "embed":
+        return [[f"x[{i}]", f"stream[{i}]", _vector(p["sum"])]]
+    if kind == "attend":
+        h = p["head"]
+        return [[f"A[{h}, {i}]", f"attention_weights[{h}, {i}]", _vector(p["weights"])],
+                [f"out_concat[{i}, head {h}]", f"head_outputs[{i}, head {h}]", _vector(p["output"])]]
+    if kind == "add":
+        delta = "A_out" if p["stage"] == "attention" else "F_out"
+        verbose = "attention_out" if p["stage"] == "attention" else "ffn_out"
+        return [[f"row + {delta}[{i}]", f"row + {verbose}[{i}]", _vector(p["after"])]]
+    if kind == "norm":
+        return [[f"mu[{i}]", f"mean[{i}]", _fmt(p["mean"])], [f"var[{i}]", f"variance[{i}]", _fmt(p["variance"])],
+                [f"Y[{i}]", f"normalised[{i}]", _vector(p["after"])]]
+    if kind == "ffn":
+        return [[f"F_post[{i}]", f"hidden[{i}]", _vector(p["hidden"])],
+                [f"F_out[{i}]", f"ffn_out[{i}]", _vector(p["output"])]]
+    return [["top", "top", p["top"]], [f"p[{i}, top]", f"probabilities[{i}, top]", _fmt(p["probability"])]]
+
+
 class _TokenState:
-    """What is known about one token so far: its row, each head's attention, its guess."""
+    """What is known about one token so far: its stage cells, each head's attention, its guess."""
 
     def __init__(self):
+        self.cells = {}             # column -> (width,) values written so far, NaN where not yet
         self.row = None             # (dim,) its residual-stream row at the latest stop
         self.attention = {}         # head -> (T,) weights from this token
         self.normed = None          # (dim,) the row after its latest norm stop
+        self.variance = None        # the variance that norm removed
         self.guess = None           # the predict payload
 
-    def update(self, kind, p):
+    def update(self, kind, p, column, offset, values):
+        width = len(VOCAB) if kind == "predict" else DIM
+        cell = self.cells.setdefault(column, np.full(width, np.nan))
+        cell[offset:offset + len(values)] = values
         if kind == "embed":
             self.row = p["sum"]
         elif kind in ("add", "norm"):
             self.row = p["after"]
         if kind == "norm":
-            self.normed = p["after"]
+            self.normed, self.variance = p["after"], p["variance"]
         if kind == "attend":
             self.attention[p["head"]] = p["weights"]
         if kind == "predict":
             self.guess = p
+
+    def _unit(self) -> str:
+        if self.normed is None:
+            return "‖row‖ after norm: not normalised yet"
+        norm = float(np.linalg.norm(self.normed))
+        if self.variance == 0:
+            return (f"‖row‖ after its last norm = {norm:.6f}: a constant row (variance 0), "
+                    "which ε keeps finite instead of 0 / 0")
+        return f"‖row‖ after its last norm = {norm:.6f}, √d = {math.sqrt(len(self.normed)):.6f}"
 
     def view(self, event_index, vocab) -> dict:
         """The inspector fields and strips as the page shows them from this event on."""
@@ -195,74 +202,108 @@ class _TokenState:
             "entropy": f"{_fmt(entropy)} bits" if heads else "—",
             "heads_seen": len(heads),
             "attention": _colour_values(weights) if heads else None,
-            "attention_text": [_fmt(w, 2) for w in weights] if heads else None,
+            "attention_text": [_fmt(w) for w in weights] if heads else None,
             "probabilities": _colour_values(g["probabilities"]) if g else None,
-            "probability_text": [_fmt(q, 2) for q in g["probabilities"]] if g else None,
+            "probability_text": [_fmt(q) for q in g["probabilities"]] if g else None,
             "sum": (f"Σp over the {len(vocab)} words = {float(np.sum(g['probabilities'])):.12f}" if g
                     else "Σp: no guess yet"),
-            "unit": (f"‖row‖ after its last norm = {float(np.linalg.norm(self.normed)):.6f}, "
-                     f"√d = {math.sqrt(len(self.normed)):.6f}" if self.normed is not None
-                     else "‖row‖ after norm: not normalised yet"),
+            "unit": self._unit(),
         }
 
 
+def _column_name(column) -> str:
+    kind, stage = COLUMNS[column]
+    return f"{kind} ({stage})" if stage else kind
+
+
 def _identical_rows(tokens, states) -> str:
-    """Identical tokens: how far apart their rows are at this stop."""
+    """Identical tokens: how far apart their cells are at the latest stop all of them have passed."""
     parts = []
     for word in dict.fromkeys(tokens):
         where = [i for i, t in enumerate(tokens) if t == word]
         if len(where) < 2:
             continue
-        rows = [states[i].row for i in where]
-        if any(r is None for r in rows):
+        passed = [c for c in range(len(COLUMNS))
+                  if all(c in states[i].cells and not np.isnan(states[i].cells[c]).any() for i in where)]
+        if not passed:
             parts.append(f"'{word}' at {where}: not all written yet")
             continue
-        gap = max(float(np.max(np.abs(r - rows[0]))) for r in rows[1:])
-        verdict = "identical rows" if gap < 1e-12 else "different rows"
-        parts.append(f"'{word}' at {where}: max |Δ| = {gap:.1e}, {verdict}")
+        c = max(passed)
+        cells = [states[i].cells[c] for i in where]
+        gap = max(float(np.max(np.abs(v - cells[0]))) for v in cells[1:])
+        what = "guesses" if COLUMNS[c][0] == "predict" else "rows"
+        verdict = f"identical {what}" if gap < 1e-12 else f"different {what}"
+        parts.append(f"'{word}' at {where}, after {_column_name(c)}: max |Δ| = {gap:.1e}, {verdict}")
     return "; ".join(parts) if parts else "no word appears twice"
 
 
-def _tour(events, result, positional) -> list:
+def _tour(events, result, positional, constant_row) -> list:
     """The guided tour: (event to show, token to inspect, what to read)."""
     first = {}
     for k, (kind, p) in enumerate(events):
-        first.setdefault(stop_of(kind, p), k)
+        first.setdefault((stop_of(kind, p), p["index"]), k)
     last = len(events) - 1
-    end_token = 0
+    end_token = START["token"]
     entropy = float(np.mean(row_entropies_bits(result.attention)))
     top = result.top[end_token]
     p_top = float(result.probabilities[end_token].max())
-    e0 = events[first[("embed", None)]][1]
+    e0 = events[first[(("embed", None), 0)]][1]
     code = (f"plus its position code PE(0) = {_vector(e0['position'])}" if positional
             else "plus the position code, which is off: a zero vector")
+    norm = dict(event=first[(("norm", "attention"), 0)], token=0,
+                text=f"Layer norm: mean 0, variance 1, so the row's norm returns to √d = {math.sqrt(DIM):g}.")
+    if constant_row:
+        j = SENTENCE.index(EDGE_WORD)
+        row = events[first[(("embed", None), j)]][1]["sum"]
+        norm = dict(event=first[(("norm", "attention"), j)], token=j,
+                    text=f"The ε edge: '{EDGE_WORD}' enters as the constant row {_vector(row)} "
+                         "(position off, W_o = 0), so the norm meets variance 0: (x − mean) / √(0 + ε) = 0 "
+                         f"stays finite where 0 / 0 would be NaN, and its guess ends uniform, 1/{len(VOCAB)} "
+                         "a word.")
     return [
-        dict(event=first[("embed", None)], token=0,
+        dict(event=first[(("embed", None), 0)], token=0,
              text=f"Row 0 starts as the embedding of '{e0['token']}' {code}. Rows stay faint until written."),
-        dict(event=first[("attend", None)], token=0,
+        dict(event=first[(("attend", None), 0)], token=0,
              text="Head 0 looks around the sentence from token 0: the sentence strip shades every token by "
-                  f"its weight. log2 {len(SENTENCE)} = {math.log2(len(SENTENCE)):.3f} bits would be uniform."),
-        dict(event=first[("add", "attention")], token=0,
+                  f"its weight. log2 {len(SENTENCE)} = {math.log2(len(SENTENCE)):.2f} bits would be uniform."),
+        dict(event=first[(("add", "attention"), 0)], token=0,
              text="The heads' outputs, mixed by W_o, are added onto the row, not written over it."),
-        dict(event=first[("norm", "attention")], token=0,
-             text=f"Layer norm: mean 0, variance 1, so the row's norm returns to √d = {math.sqrt(DIM):g}."),
-        dict(event=first[("ffn", None)], token=0,
+        norm,
+        dict(event=first[(("ffn", None), 0)], token=0,
              text=f"A relu network of width {HIDDEN} works on each row alone: "
                   "the only stop where tokens do not interact."),
         dict(event=last, token=end_token,
-             text=f"Every row is done: token {end_token} predicts {top} at {100 * p_top:.0f} percent, "
-                  f"and the attention rows average {_fmt(entropy)} bits of entropy. Every probability row "
-                  "sums to 1."),
+             text=f"Every row is done: the inspected token predicts {top} at {100 * p_top:.0f} percent, "
+                  f"and the attention rows average {_fmt(entropy)} bits of entropy (every head and token; "
+                  "the inspector's figure is this token's mean over its heads). Every probability row sums to 1."),
         dict(event=last, token=end_token,
              text="Now try the toggles: with the position code off, the two 'the' rows and their guesses "
-                  "are identical; a low temperature makes the same guess confident."),
+                  "are identical; a low temperature makes the same guess confident; 'constant row (ε)' "
+                  f"feeds '{EDGE_WORD}' as a constant row, the norm's epsilon edge."),
     ]
 
 
-def page_run(heads: int = 2, positional: bool = True, temperature: float = 1.0) -> dict:
+def _edge_weights(weights: demo.DemoWeights) -> demo.DemoWeights:
+    """The ε edge's model: EDGE_WORD's embedding one constant value and W_o = 0, so its row
+    reaches the first norm constant."""
+    embeddings = weights.embeddings.copy()
+    embeddings[VOCAB.index(EDGE_WORD)] = EDGE_VALUE
+    blocks = tuple(dataclasses.replace(b, wo=np.zeros_like(b.wo)) for b in weights.blocks)
+    return demo.DemoWeights(embeddings=embeddings, blocks=blocks, wout=weights.wout)
+
+
+def page_run(heads: int = 2, positional: bool = True, temperature: float = 1.0,
+             constant_row: bool = False) -> dict:
     """Everything the page shows for one setting of its toggles (module docstring)."""
     heads, positional, temperature = check_settings(heads, positional, temperature)
+    if not isinstance(constant_row, bool):
+        raise TypeError(f"constant_row must be a bool, got {type(constant_row).__name__} {constant_row!r}")
+    if constant_row and positional:
+        raise ValueError("constant_row needs positional=False: the position code would make the row vary")
     model = demo.TinyLM(VOCAB, dim=DIM, heads=heads, hidden=HIDDEN, seed=SEED, backend=BACKEND)
+    if constant_row:
+        model = demo.TinyLM(VOCAB, dim=DIM, heads=heads, hidden=HIDDEN, backend=BACKEND,
+                            weights=_edge_weights(model.weights))
     rec = _Recorder()
     result = model.forward(list(SENTENCE), positional=positional, temperature=temperature, tracer=rec)
     _, line_of = code_panel()
@@ -272,31 +313,37 @@ def page_run(heads: int = 2, positional: bool = True, temperature: float = 1.0) 
     for k, (kind, p) in enumerate(rec.events):
         i, stop = p["index"], stop_of(kind, p)
         offset, values, label = _write(kind, p, model.head_dim)
-        rows[i].update(kind, p)
+        rows[i].update(kind, p, COLUMNS.index(stop), offset, values)
         states[i].append(rows[i].view(k, VOCAB))
         events.append(dict(
             kind=kind, stage=p.get("stage"), head=p.get("head"), token=i, column=COLUMNS.index(stop),
             offset=offset, values=_colour_values(values), texts=[_fmt(v) for v in values], label=label,
             caption=_caption(kind, p, tokens[i]), stage_text=_stage_text(kind, p), line=line_of[stop],
-            identical=_identical_rows(tokens, rows)))
+            writes=_writes(kind, p), identical=_identical_rows(tokens, rows)))
     # the diverging ramp's end: the largest entry the stream, a head or the ffn writes
     scale = max(abs(v) for e in events if e["kind"] != "predict" for v in e["values"])
     return dict(
-        key=run_key(heads, positional, temperature),
+        key=run_key(heads, positional, temperature, constant_row),
         settings=dict(heads=heads, positional=positional, temperature=temperature,
-                      temperature_text=f"{temperature:.2f}", seed=SEED, backend=BACKEND),
+                      temperature_text=f"{temperature:.2f}", seed=SEED, backend=BACKEND,
+                      constant_row=constant_row),
         tokens=tokens, vocab=list(VOCAB), dim=DIM,
         columns=[dict(kind=kind, stage=stage, width=len(VOCAB) if kind == "predict" else DIM)
                  for kind, stage in COLUMNS],
         scale=scale, events=events, states=states,
-        tour=_tour(rec.events, result, positional))
+        tour=_tour(rec.events, result, positional, constant_row))
 
 
 def controls(temperatures=SERVER_TEMPERATURES) -> dict:
-    """The toggles the page offers, its starting run and the code panel (the same for every run)."""
-    sections, _ = code_panel()
+    """The toggles the page offers, where it starts, the code panel with its narration (the same
+    for every run) and the ε edge's runs (one per head count, position off, temperature 1)."""
+    sections, line_of = code_panel()
+    stops = [dict(kind=kind, stage=stage, line=line_of[(kind, stage)], pseudo=NARRATION[(kind, stage)][0],
+                  narration=NARRATION[(kind, stage)][1]) for kind, stage in COLUMNS]
+    edge = {str(h): page_run(h, False, 1.0, constant_row=True) for h in HEADS}
     return dict(heads=list(HEADS), temperatures=[dict(value=t, text=f"{t:.2f}") for t in temperatures],
-                default=dict(DEFAULT, temperature_text=f"{DEFAULT['temperature']:.2f}"), code=sections)
+                default=dict(DEFAULT, temperature_text=f"{DEFAULT['temperature']:.2f}"), start=START,
+                code=sections, stops=stops, edge=edge, edge_word=EDGE_WORD)
 
 
 def all_runs(temperatures=EXPORT_TEMPERATURES) -> dict:

@@ -24,7 +24,8 @@ from . import demo_page
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8013                                       # lesson 13
-ASSETS = {"index.html": "text/html", "demo.css": "text/css", "demo.js": "text/javascript"}
+ASSETS = {"index.html": "text/html", "demo.css": "text/css", "demo.js": "text/javascript",
+          "code.js": "text/javascript"}
 
 
 def asset(name: str) -> bytes:

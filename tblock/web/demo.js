@@ -6,6 +6,7 @@
 
   const DEMO = window.TBLOCK_DEMO;
   const controls = DEMO.controls;
+  const CODE = window.TBLOCK_CODE;
   const $ = (id) => document.getElementById(id);
   const PLAY_MS = 450;                                      // one stop per beat while playing
 
@@ -16,6 +17,7 @@
     timer: null,        // the play interval
     tour: -1,           // the tour step on screen, -1 when none
     request: 0,         // the latest run asked for; older answers are dropped
+    said: "",           // what the live region last announced
   };
 
   // ---- colours: a diverging ramp for the stream, sequential ones for weights ----------------
@@ -23,9 +25,22 @@
   const NEUTRAL = [244, 241, 234], POSITIVE = [192, 57, 43], NEGATIVE = [33, 102, 172];
   const PROBABILITY = [91, 58, 140], ATTENTION = [22, 128, 118];
 
+  // WCAG relative luminance: a shaded chip's text is black or white, whichever reads better
+  // (one of the two always reaches 4.58:1)
+  function luminance(c) {
+    const l = c.map((v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
+  }
+
+  function shade(el, to, t) {
+    if (t === null) { el.style.background = ""; el.style.color = ""; return; }
+    const bg = to.map((v, i) => Math.round(NEUTRAL[i] + (v - NEUTRAL[i]) * t)), l = luminance(bg);
+    el.style.background = "rgb(" + bg.join(",") + ")";
+    el.style.color = (l + 0.05) / 0.05 >= 1.05 / (l + 0.05) ? "#000" : "#fff";
+  }
+
   function mix(to, t) {
-    const c = NEUTRAL.map((n, i) => Math.round(n + (to[i] - n) * t));
-    return "rgb(" + c.join(",") + ")";
+    return "rgb(" + NEUTRAL.map((n, i) => Math.round(n + (to[i] - n) * t)).join(",") + ")";
   }
 
   // the square root lifts small entries off the neutral middle: most of a row is well below the scale
@@ -43,6 +58,16 @@
     return e;
   }
 
+  // Enter and Space act on a focusable element that is not a native button
+  function pressable(el, action) {
+    el.tabIndex = 0;
+    el.setAttribute("role", "button");
+    el.addEventListener("click", action);
+    el.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); action(); }
+    });
+  }
+
   function buildStage(run) {
     const stage = $("stage");
     stage.replaceChildren();
@@ -56,7 +81,8 @@
     run.tokens.forEach((word, t) => {
       const label = element("div", "row-head", t + " " + word);
       label.dataset.row = t;
-      label.addEventListener("click", () => tap(t));
+      pressable(label, () => tap(t));
+      label.setAttribute("aria-label", "inspect token " + t + " " + word);
       stage.appendChild(label);
       run.columns.forEach((c, col) => {
         const cell = element("div", "cell");
@@ -73,32 +99,20 @@
     const strip = $(id);
     strip.replaceChildren();
     words.forEach((word, t) => {
-      const chip = element("button", "chip");
-      chip.type = "button";
+      const chip = element(onTap ? "button" : "span", "chip");
       chip.appendChild(element("span", "word", word));
       chip.appendChild(element("span", "weight", ""));
       if (onTap) {
+        chip.type = "button";
         chip.dataset.tokenIndex = t;
-        chip.addEventListener("click", () => { onTap(t); chip.blur(); });
+        chip.addEventListener("click", () => onTap(t));
+      } else {
+        chip.tabIndex = 0;                                  // focusable, so its figure can be read
+        chip.setAttribute("role", "listitem");
       }
       strip.appendChild(chip);
     });
-  }
-
-  function buildCode() {
-    const pre = $("code");
-    pre.replaceChildren();
-    controls.code.forEach((section, s) => {
-      pre.appendChild(element("span", "section", "# " + section.file + " · " + section.title));
-      section.lines.forEach((text, j) => {
-        const line = element("span", "line");
-        line.dataset.section = s;
-        line.dataset.line = j;
-        line.appendChild(element("span", "number", String(section.start + j)));
-        line.appendChild(document.createTextNode(text));
-        pre.appendChild(line);
-      });
-    });
+    if (!onTap) strip.setAttribute("role", "list");
   }
 
   // ---- drawing the current event -----------------------------------------------------------
@@ -149,7 +163,9 @@
       if (predict) cellEl.querySelector(".label").textContent = cell.label || "";
     }
     for (const label of stage.querySelectorAll(".row-head")) {
-      label.classList.toggle("inspected", Number(label.dataset.row) === who);
+      const mine = Number(label.dataset.row) === who;
+      label.classList.toggle("inspected", mine);
+      label.setAttribute("aria-pressed", String(Number(label.dataset.row) === view.tapped));
     }
   }
 
@@ -157,39 +173,42 @@
     const who = inspected();
     $("sentence").querySelectorAll(".chip").forEach((chip, t) => {
       const w = state && state.attention ? state.attention[t] : null;
-      chip.style.background = w === null ? "" : mix(ATTENTION, w);
+      shade(chip, ATTENTION, w);
       chip.querySelector(".weight").textContent = w === null ? "" : state.attention_text[t];
       chip.classList.toggle("inspected", t === who);          // tapped, or else the token being computed
       chip.classList.toggle("tapped", t === view.tapped);
       chip.classList.toggle("current", t === current.token);
+      chip.setAttribute("aria-pressed", String(t === view.tapped));
     });
     $("vocab").querySelectorAll(".chip").forEach((chip, v) => {
       const p = state && state.probabilities ? state.probabilities[v] : null;
-      chip.style.background = p === null ? "" : mix(PROBABILITY, p);
+      shade(chip, PROBABILITY, p);
       chip.querySelector(".weight").textContent = p === null ? "" : state.probability_text[v];
       chip.classList.toggle("faint", p === null);
+      chip.setAttribute("aria-label", run.vocab[v] + (p === null ? ": no guess yet" : ": p " + state.probability_text[v]));
     });
   }
 
   function drawInspector(run, state, current) {
     const field = (name) => document.querySelector('[data-field="' + name + '"]');
-    field("predicts").textContent = state ? state.predicts : "—";
-    field("norm").textContent = state ? state.norm : "—";
-    field("entropy").textContent = state ? state.entropy : "—";
-    field("stage").textContent = current.stage_text;
+    const values = { predicts: state ? state.predicts : "—", norm: state ? state.norm : "—",
+                     entropy: state ? state.entropy : "—", stage: current.stage_text };
+    for (const name in values) field(name).textContent = values[name];
     const inv = (name) => document.querySelector('[data-invariant="' + name + '"]');
     inv("sum").textContent = state ? state.sum : "Σp: no guess yet";
     inv("unit").textContent = state ? state.unit : "‖row‖ after norm: not normalised yet";
     inv("identical").textContent = "identical tokens: " + current.identical;
+    // the live region reads the inspector, once a stop is settled (not every beat of playback)
+    const who = inspected();
+    const said = "token " + who + " " + run.tokens[who] + ": predicts " + values.predicts + ", residual norm " +
+                 values.norm + ", attention entropy " + values.entropy + ", stage " + values.stage;
+    if (!view.timer && said !== view.said) $("announce").textContent = view.said = said;
   }
 
-  function drawCode(current) {
-    const pre = $("code");
-    const old = pre.querySelector(".line.current");
-    if (old) old.classList.remove("current");
-    const line = pre.querySelector('.line[data-section="' + current.line[0] + '"][data-line="' + current.line[1] + '"]');
-    line.classList.add("current");
-    pre.scrollTop = line.offsetTop - pre.clientHeight / 2;    // the stop's line in the panel's middle
+  function drawTour() {
+    if (view.tour < 0) return;
+    const steps = view.run.tour, i = Math.min(view.tour, steps.length - 1);
+    $("tour-text").textContent = (i + 1) + "/" + steps.length + " · " + steps[i].text;
   }
 
   function render() {
@@ -198,7 +217,8 @@
     drawStage(run, k, current);
     drawStrips(run, state, current);
     drawInspector(run, state, current);
-    drawCode(current);
+    drawTour();
+    CODE.draw(current);
     const write = "[" + current.texts.join(", ") + "]";
     $("now").textContent = "event " + k + " of " + run.events.length + " · " + current.caption + " · writes " + write;
     $("play").textContent = view.timer ? "pause" : "play";
@@ -208,23 +228,36 @@
 
   function settings() {
     const t = controls.temperatures[Number($("temperature").value)];
-    return { heads: Number($("heads").value), positional: $("positional").checked, temperature: t };
+    return { heads: Number($("heads").value), positional: $("positional").checked, temperature: t,
+             edge: $("constant-row").checked };
   }
 
   function keyOf(s) {
     return "h" + s.heads + "-p" + (s.positional ? 1 : 0) + "-t" + s.temperature.text;
   }
 
+  // the new run's event at the old one's stop and token (and head, where the new run has it)
+  function sameStop(old, run) {
+    const cur = old.events[view.event];
+    let found = -1;
+    run.events.forEach((e, k) => {
+      if (e.column === cur.column && e.token === cur.token && (found < 0 || e.head === cur.head)) found = k;
+    });
+    return found;
+  }
+
   function show(run) {
-    const atEnd = view.run !== null && view.event === view.run.events.length - 1;
-    const sameShape = view.run !== null && view.run.events.length === run.events.length;
-    if (view.run === null) {                                // the strips hold the run's words
+    if (view.run === null) {                                // the seed's opening: the finished run
       buildStrip("sentence", run.tokens, tap);
       buildStrip("vocab", run.vocab, null);
+      buildStage(run);
+      view.event = controls.start.event === "last" ? run.events.length - 1 : 0;
+      view.tapped = controls.start.token;
+    } else {
+      view.event = sameStop(view.run, run);
+      if (view.run.events.length !== run.events.length) buildStage(run);
     }
     view.run = run;
-    view.event = atEnd ? run.events.length - 1 : Math.min(view.event, run.events.length - 1);
-    if (!sameShape) buildStage(run);
     $("temperature-text").textContent = run.settings.temperature_text;
     document.body.dataset.run = run.key;
     delete document.body.dataset.loading;
@@ -235,6 +268,7 @@
     const s = settings(), request = ++view.request;
     $("temperature-text").textContent = s.temperature.text;
     document.body.dataset.loading = "1";
+    if (s.edge) return show(controls.edge[String(s.heads)]);
     if (DEMO.mode === "static") {
       const run = DEMO.runs[keyOf(s)];
       if (!run) return status("this export holds no run " + keyOf(s));
@@ -245,6 +279,18 @@
       .then((r) => r.json().then((body) => (r.ok ? body : Promise.reject(new Error(body.error)))))
       .then((run) => { if (request === view.request) show(run); })
       .catch((e) => status("tblock could not run the block: " + e.message));
+  }
+
+  // the ε edge runs with the position code off at temperature 1: those controls wait meanwhile
+  function toggleEdge() {
+    const on = $("constant-row").checked;
+    if (on) {
+      $("positional").checked = false;
+      $("temperature").value = controls.temperatures.findIndex((t) => t.text === "1.00");
+    }
+    $("positional").disabled = on;
+    $("temperature").disabled = on;
+    loadRun();
   }
 
   function status(text) {
@@ -302,17 +348,20 @@
     view.tapped = steps[i].token;
     $("tour").hidden = false;
     $("tour").dataset.step = i;
-    $("tour-text").textContent = (i + 1) + "/" + steps.length + " · " + steps[i].text;
     go(steps[i].event);
   }
 
+  // closing leaves the page as a visitor left it before the tour: nothing tapped
   function closeTour() {
+    if (view.tour < 0) return;
     view.tour = -1;
+    view.tapped = null;
     $("tour").hidden = true;
     delete $("tour").dataset.step;
+    render();
   }
 
-  // ---- wiring --------------------------------------------------------------------------------
+  // ---- keys: a focused control keeps its own; the page's act when none claims them ------------
 
   const KEYS = {
     " ": togglePlay, ArrowRight: () => step(1), ArrowLeft: () => step(-1),
@@ -320,18 +369,26 @@
     r: reset, R: reset, f: toggleFullscreen, F: toggleFullscreen,
     g: () => tourStep(view.tour + 1), G: () => tourStep(view.tour + 1),
   };
+  const ARROWS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"];
+  const PRESS = [" ", "Enter"];
 
-  function onKey(e) {
-    const t = e.target;
-    // a focused slider or menu keeps its own arrow keys
-    if (t && (t.tagName === "SELECT" || (t.tagName === "INPUT" && t.type !== "checkbox"))) return;
-    if (e.altKey || e.ctrlKey || e.metaKey || !KEYS[e.key] || !view.run) return;
-    e.preventDefault();
-    KEYS[e.key]();
+  function claimed(t, key) {
+    if (!t || t === document.body || t === document.documentElement) return false;
+    const tag = t.tagName, type = (t.type || "").toLowerCase();
+    if (tag === "INPUT" && type === "range") return ARROWS.concat(["Home", "End", "PageUp", "PageDown"]).includes(key);
+    if (tag === "SELECT") return ARROWS.concat(PRESS, ["Home", "End", "PageUp", "PageDown"]).includes(key);
+    if (tag === "INPUT" && type === "radio") return ARROWS.concat(PRESS).includes(key);
+    if (tag === "INPUT" && type === "checkbox") return key === " ";
+    if (tag === "INPUT" || tag === "TEXTAREA") return true;
+    if (tag === "BUTTON" || tag === "SUMMARY" || t.getAttribute("role") === "button") return PRESS.includes(key);
+    if (t.id === "code" || t.id === "pseudo") return ARROWS.concat(["Home", "End", "PageUp", "PageDown", " "]).includes(key);
+    return false;
   }
 
-  function button(id, action) {
-    $(id).addEventListener("click", (e) => { action(); e.currentTarget.blur(); });
+  function onKey(e) {
+    if (e.altKey || e.ctrlKey || e.metaKey || !KEYS[e.key] || !view.run || claimed(e.target, e.key)) return;
+    e.preventDefault();
+    KEYS[e.key]();
   }
 
   function setup() {
@@ -348,19 +405,18 @@
     slider.step = 1;
     slider.value = controls.temperatures.findIndex((t) => t.text === controls.default.temperature_text);
     slider.addEventListener("input", () => { $("temperature-text").textContent = settings().temperature.text; });
-    for (const id of ["heads", "positional", "temperature"]) {
-      $(id).addEventListener("change", (e) => { e.currentTarget.blur(); loadRun(); });
-    }
-    button("play", togglePlay);
-    button("back", () => step(-1));
-    button("next", () => step(1));
-    button("reset", reset);
-    button("fullscreen", toggleFullscreen);
-    button("tour-start", () => tourStep(view.tour + 1));
-    button("tour-next", () => tourStep(view.tour + 1));
-    button("tour-close", closeTour);
+    for (const id of ["heads", "positional", "temperature"]) $(id).addEventListener("change", loadRun);
+    $("constant-row").addEventListener("change", toggleEdge);
+    $("play").addEventListener("click", togglePlay);
+    $("back").addEventListener("click", () => step(-1));
+    $("next").addEventListener("click", () => step(1));
+    $("reset").addEventListener("click", reset);
+    $("fullscreen").addEventListener("click", toggleFullscreen);
+    $("tour-start").addEventListener("click", () => tourStep(view.tour + 1));
+    $("tour-next").addEventListener("click", () => tourStep(view.tour + 1));
+    $("tour-close").addEventListener("click", closeTour);
     document.addEventListener("keydown", onKey);
-    buildCode();
+    CODE.setup(controls, null);
     document.body.dataset.mode = DEMO.mode;
     loadRun();
   }

@@ -22,7 +22,7 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1440,900")
-VOCAB = ["the", "cat", "sat", "on", "mat", "ran"]
+VOCAB = ["the", "cat", "sat", "on", "mat", "dog", "ran", "away"]
 SENTENCE = ["the", "cat", "sat", "on", "the", "mat"]
 WAIT_S = 30
 
@@ -118,6 +118,20 @@ class Page:
     def tap(self, token):
         self.find(f'[data-token-index="{token}"]').click()
 
+    def focus(self, css):
+        """Give an element the keyboard focus, as Tab would."""
+        self.d.execute_script("arguments[0].focus()", self.find(css))
+        assert self.d.execute_script("return document.activeElement === arguments[0]", self.find(css)), css
+
+    def blur(self):
+        self.d.execute_script("document.activeElement && document.activeElement.blur()")
+
+    def playing(self) -> bool:
+        return self.find("#play").text == "pause"
+
+    def identical(self) -> str:
+        return self.find('[data-invariant="identical"]').text
+
     def tapped(self):
         chips = self.d.find_elements("css selector", "#sentence .chip.tapped")
         return [int(c.get_attribute("data-token-index")) for c in chips]
@@ -128,7 +142,66 @@ class Page:
 
 @pytest.fixture
 def page(driver):
+    driver.set_window_size(1440, 900)                          # a test that resizes leaves no trace
     return Page(driver)
+
+
+# ---- checks run in the page ----------------------------------------------------------------
+
+# every visible text node whose colour reads below 4.5:1 on what lies behind it: the text's colour
+# (times its opacity) over the backgrounds of its element and its ancestors, composited
+CONTRAST_JS = """
+const parse = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+  const v = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+const over = (top, under, alpha) => [0, 1, 2].map((i) => top[i] * alpha + under[i] * (1 - alpha));
+const lum = (c) => { const l = c.map((v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+  return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; };
+function behind(el) {
+  const layers = [];
+  for (let e = el; e; e = e.parentElement) {
+    const c = parse(getComputedStyle(e).backgroundColor);
+    if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+  }
+  let bg = [255, 255, 255];
+  for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg, layers[i][3]);
+  return bg;
+}
+const failures = [], walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+let checked = 0;
+for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+  if (!node.textContent.trim()) continue;
+  let el = node.parentElement;
+  if (el.closest("script")) continue;
+  if (el.closest("select")) el = el.closest("select");      // an option's text shows in its select
+  if (el.closest("[hidden]") || !el.getClientRects().length || getComputedStyle(el).visibility === "hidden") continue;
+  let opacity = 1;
+  for (let e = el; e; e = e.parentElement) opacity *= Number(getComputedStyle(e).opacity);
+  const fg = parse(getComputedStyle(el).color), bg = behind(el);
+  const ink = over(fg, bg, fg[3] * opacity), a = lum(ink), b = lum(bg);
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  checked++;
+  if (ratio < 4.5) failures.push([node.textContent.trim().slice(0, 40), Math.round(ratio * 100) / 100,
+                                  ink.map(Math.round), bg.map(Math.round)]);
+}
+return [checked, failures];
+"""
+
+# the page's horizontal overflow, and, for every element of the left column, what the browser
+# finds at its centre: covered when that is not the element or inside it
+OVERLAP_JS = """
+const root = document.documentElement, out = { scroll: [root.scrollWidth, root.clientWidth], covered: [], seen: 0 };
+const targets = document.querySelectorAll(arguments[0]);
+for (const el of targets) {
+  el.scrollIntoView({ block: "center", inline: "nearest" });
+  const r = el.getBoundingClientRect();
+  const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+  out.seen++;
+  if (!hit || !(hit === el || el.contains(hit))) out.covered.push([el.className, el.textContent.slice(0, 20),
+                                                                 hit ? hit.id || hit.className : null]);
+}
+window.scrollTo(0, 0);
+return out;
+"""
 
 
 # ---- what tblock says, computed here --------------------------------------------------------
@@ -164,10 +237,16 @@ class Reference:
                 entropies.append(entropy_bits(p["weights"]))
             if kind == "predict":
                 guess = p
-        return {"predicts": f"{guess['top']} {guess['probability']:.3f}" if guess else "—",
-                "norm": f"{np.linalg.norm(row):.3f}" if row is not None else "—",
-                "entropy": f"{np.mean(entropies):.3f} bits" if entropies else "—",
+        return {"predicts": f"{guess['top']} {guess['probability']:.2f}" if guess else "—",
+                "norm": f"{np.linalg.norm(row):.2f}" if row is not None else "—",
+                "entropy": f"{np.mean(entropies):.2f} bits" if entropies else "—",
                 "stage": self.stage(k)}
+
+    def at(self, kind, stage=None, token=0, head=None):
+        """The index of the event at this stop for this token (and head)."""
+        [k] = [k for k, (kd, p) in enumerate(self.events) if kd == kind and p.get("stage") == stage
+               and p["index"] == token and p.get("head") == head]
+        return k
 
 
 @pytest.fixture(scope="session")

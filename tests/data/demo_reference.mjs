@@ -133,4 +133,9 @@ for (const [heads, positional] of [[2, true], [1, false]]) {
   const r = block.forward(tokens, positional, 1);
   out[`heads${heads}_pos${positional}`] = { stream: r.stream, probabilities: r.probabilities, n_events: events.length, kinds: events };
 }
+// the seed's page: eight words with "ran" the seventh, seed 1 (the class's default), two heads,
+// the position code on, temperature 1 (docs/demo.md: the reading that reproduces its figures)
+const page = new TransformerBlock(4, 2, 8, ["the", "cat", "sat", "on", "mat", "dog", "ran", "away"], 1);
+const seen = page.forward(tokens, true, 1);
+out.seed_page = { probabilities: seen.probabilities, attention: seen.attention };
 console.log(JSON.stringify({ mulberry32_seed1: first, mulberry32_deadbeef: second, ...out }));
