@@ -494,3 +494,13 @@ def test_the_model_cannot_be_edited_behind_the_backends():
     for a in (model.wte, model.wpe, model.ln_f, model.wte[:5]):
         with pytest.raises(ValueError):
             a.flags.writeable = True
+
+
+def test_a_value_past_float32_is_refused_not_cast_to_inf():
+    model = GPT2.from_config(**SMALL, seed=1)
+    wte = model.wte.astype(np.float64)
+    wte[7, 3] = 1e39                                # finite in float64, inf in the float32 model
+    with pytest.raises(ValueError, match=r"wte must be finite, found inf at index \(7, 3\)"):
+        GPT2(model.config, wte, model.wpe, model.blocks, model.ln_f[:32], model.ln_f[32:])
+    assert GPT2(model.config, wte, model.wpe, model.blocks, model.ln_f[:32], model.ln_f[32:],
+                dtype=np.float64).wte[7, 3] == 1e39

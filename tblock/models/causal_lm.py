@@ -55,14 +55,15 @@ class CausalLM:
             a = as_float_array(name, value, len(shape))
             if a.shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-            check_finite(name, a)
-            return frozen_copy(a, dtype)        # nobody can make it writeable: what backends prepared stays valid
+            a = frozen_copy(a, dtype)           # nobody can make it writeable: what backends prepared stays valid
+            check_finite(name, a)               # after the cast: a float64 value past float32's range is refused
+            return a
 
         self.vocab_size, self.n_positions, self.dtype = vocab_size, n_positions, dtype
         self.wte = own("wte", embeddings[0], (vocab_size, d))      # (vocab, d): row v is token v
         self.wpe = own("wpe", embeddings[1], (n_positions, d))     # (n_positions, d): row t is position t
-        self.ln_f = frozen_copy(np.concatenate([own("ln_f_gamma", ln_f[0], (d,)),
-                                                own("ln_f_beta", ln_f[1], (d,))]), dtype)     # (2d,): [gamma | beta]
+        gamma, beta = (own(f"ln_f_{n}", v, (d,)) for n, v in zip(("gamma", "beta"), ln_f))
+        self.ln_f = frozen_copy(np.concatenate([gamma, beta]), dtype)     # (2d,): [gamma | beta]
         if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
             raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
         self.stack = Stack(cfg, [self._cast(b, i) for i, b in enumerate(blocks)])
@@ -176,12 +177,16 @@ class CausalLM:
         """The backend's lm_head hook on H (B, T, d) into out (B, T, vocab).  scratch: H is
         the caller's to overwrite (LN_f may go over it)."""
         module = get_backend(backend)
+        if out is None:
+            out = np.empty(H.shape[:2] + (self.vocab_size,), dtype=self.dtype)
+        return lm_hook(module, "lm_head")(H, self.ln_f, self.eps, self._prepared_head(backend, module), out, scratch)
+
+    def _prepared_head(self, backend: str, module):
+        """The backend's prepare_head of wte, made on first use."""
         head = self._heads.get(backend)
         if head is None:
             head = self._heads[backend] = lm_hook(module, "prepare_head")(self.wte, self.dtype)
-        if out is None:
-            out = np.empty(H.shape[:2] + (self.vocab_size,), dtype=self.dtype)
-        return lm_hook(module, "lm_head")(H, self.ln_f, self.eps, head, out, scratch)
+        return head
 
     @staticmethod
     def _backend(backend: str | None) -> str:
@@ -194,7 +199,7 @@ class CausalLM:
         name = cls._backend(backend)
         if getattr(get_backend(name), "forward_cached", None) is None:
             raise ValueError(f"backend {name!r} has no KV-cache path: generation needs one "
-                             f"(numba and numpy have it)")
+                             f"(the default {DEFAULT_BACKEND!r} has it, and the numpy oracle)")
         return name
 
     # --------------------------------------------------------------- cached forward
@@ -252,10 +257,8 @@ class CausalLM:
         """After a checked decode step with these caches: the backend's prepared step for
         the next ones (None where it has none)."""
         module = get_backend(backend)
-        if backend not in self._heads:
-            self._heads[backend] = lm_hook(module, "prepare_head")(self.wte, self.dtype)
         self._step = lm_hook(module, "prepare_decode")(self.blocks, self.stack.cfg, cache, self.wte, self.wpe,
-                                                       self.ln_f, self.eps, self._heads[backend])
+                                                       self.ln_f, self.eps, self._prepared_head(backend, module))
         self._step_backend = backend
 
     @property
