@@ -496,6 +496,7 @@ def test_the_model_cannot_be_edited_behind_the_backends():
             a.flags.writeable = True
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")     # numpy's, before the refusal
 def test_a_value_past_float32_is_refused_not_cast_to_inf():
     model = GPT2.from_config(**SMALL, seed=1)
     wte = model.wte.astype(np.float64)
