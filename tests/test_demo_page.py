@@ -217,11 +217,12 @@ def test_the_constant_row_shows_what_epsilon_is_for(heads):
     norms = [e for e in cat if e["kind"] == "norm"]
     assert len(norms) == 2
     for e in norms:
-        assert e["values"] == [0.0] * 4 and "variance 0; ε keeps" in e["caption"]
+        assert e["values"] == [0.0] * 4 and "variance 0; ε keeps" in e["caption"] and e["label"] == "ε"
         assert dict((n, v) for n, _, v in e["writes"])["var[1]"] == "0.00"
     s = final_state(run, 1)
     assert s["norm"] == "0.00" and "a constant row (variance 0)" in s["unit"]
     assert s["probability_text"] == ["0.12"] * 8                                 # 1/8, uniform
+    assert [e["token"] for e in run["events"] if e["label"] == "ε"] == [1, 1]      # no other row is constant
     step = run["tour"][3]
     assert run["events"][step["event"]]["kind"] == "norm" and step["token"] == 1 and "ε" in step["text"]
     # the other tokens still see attention; W_o = 0 keeps it out of their rows

@@ -25,6 +25,9 @@ Conventions taken from the demo's source, and the choices its source leaves open
   uniform(-1, 1), row by row, in that order; scores q_i . k_j / sqrt(head_dim); a row
   softmax with no mask. Head h reads only columns h*head_dim:(h+1)*head_dim of the stream,
   so the full W_Q is block diagonal, which is exactly the lesson's MHA with d_k = head_dim.
+  Of the readings tests/data/demo_seed_search.py tries (draw order, products, scaling, fill,
+  positions, vocabulary size, inspected token), this one, with an eight-word vocabulary, is
+  the one that reproduces the figures the seed's page shows (docs/demo.md).
 - LayerNorm uses the population variance and eps = 1e-5 (the demo's Kernels.layerNorm is not
   shown); the norm event reports the mean and variance of the row it normalises.
 - Position i is 0-based: PE(i)_{2k} = sin(i / 10000^(2k/d)), PE(i)_{2k+1} = cos(i / 10000^(2k/d)).

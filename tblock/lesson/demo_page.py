@@ -125,6 +125,8 @@ def _write(kind, p, head_dim) -> tuple:
         return 0, p["sum"], None
     if kind == "attend":
         return p["head"] * head_dim, p["output"], None      # a head fills its own slice of the row
+    if kind == "norm" and p["variance"] == 0:
+        return 0, p["after"], "ε"                           # a constant row: ε is what kept it finite
     if kind in ("add", "norm"):
         return 0, p["after"], None
     if kind == "ffn":

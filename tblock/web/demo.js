@@ -153,6 +153,7 @@
       cellEl.classList.toggle("written", written);
       cellEl.classList.toggle("current", col === current.column && t === current.token);
       cellEl.classList.toggle("inspected", t === who);
+      cellEl.classList.toggle("epsilon", !predict && cell.label === "ε");
       cellEl.querySelectorAll(".square").forEach((sq, m) => {
         const v = cell.values[m];
         sq.style.background = v === null ? "" : (predict ? mix(PROBABILITY, v) : diverging(v, run.scale));

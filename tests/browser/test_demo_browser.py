@@ -228,7 +228,11 @@ def test_the_constant_row_shows_the_epsilon_edge(page, server_url, reference):
     assert page.stop == "norm" and "variance 0; ε keeps" in page.find("#now").text
     assert page.field("norm") == "0.00"
     assert "a constant row (variance 0), which ε keeps finite" in page.find('[data-invariant="unit"]').text
+    marked = lambda: [(c.get_attribute("data-row"), c.get_attribute("data-column"))
+                      for c in page.d.find_elements("css selector", "#stage .cell.epsilon")]
+    assert marked() == [("1", "3")]                              # the stage marks the constant row's norm
     page.press(Keys.END)
+    assert marked() == [("1", "3"), ("1", "6")]
     guess = [c.text.split("\n")[-1] for c in page.d.find_elements("css selector", "#vocab .chip")]
     assert guess == ["0.12"] * 8                                                  # uniform, 1/8
     page.find("#constant-row").click()

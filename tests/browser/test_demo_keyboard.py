@@ -4,6 +4,7 @@ focus, and a live region reads the inspector."""
 
 import pytest
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
 
 AT = 27                                                   # norm (attention) of token 3, two heads
 
@@ -144,3 +145,20 @@ def test_a_live_region_reads_the_inspector(page, server_url, reference):
     page.blur()
     page.press(Keys.HOME)
     assert live.get_attribute("textContent").endswith("stage embed")
+
+
+def test_the_source_keeps_its_arrows_and_a_vocabulary_chip_claims_none(page, server_url, reference):
+    at_stop(page, server_url, reference)
+    page.focus("#code")                                          # the scrolling source, reached by Tab
+    top = page.d.execute_script("return document.getElementById('code').scrollTop")
+    assert top > 0                                               # the stop's line is centred
+    page.press(Keys.ARROW_UP, Keys.ARROW_UP, Keys.PAGE_UP)
+    assert page.event == AT and not page.playing()
+    WebDriverWait(page.d, 5).until(                              # the browser scrolls smoothly
+        lambda d: d.execute_script("return document.getElementById('code').scrollTop") < top, "no scroll")
+    page.focus('#vocab .chip:nth-child(7)')                      # a chip to read: the page's keys act
+    page.press(Keys.ARROW_RIGHT)
+    assert page.event == AT + 1
+    page.press(" ")
+    assert page.playing()
+    page.press(" ")
