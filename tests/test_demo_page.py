@@ -1,6 +1,7 @@
 """The demo page without a browser (tblock demo): what page_run hands the page against the
-demo model's own trace, the code panel's line map, the server, the CLI and the static export.
-The page in a real browser: tests/browser (make test-browser)."""
+demo model's own trace (the seed's opening state, the invariant lines, the ε edge, the tour),
+the server, the CLI and the static export. The code panel: test_demo_code.py; the page in a
+real browser: tests/browser (make test-browser)."""
 
 import json
 import math
