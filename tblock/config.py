@@ -9,7 +9,8 @@ NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu")
 
 
-def _check_int(name: str, value, minimum: int) -> int:
+def check_int(name: str, value, minimum: int) -> int:
+    """value as an int >= minimum; TypeError/ValueError naming ``name`` otherwise."""
     # bool is an int subclass; "n_heads=True" is a bug, not a 1
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
@@ -23,7 +24,8 @@ def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-def _check_bool(name: str, value) -> None:
+def check_bool(name: str, value) -> None:
+    """TypeError naming ``name`` unless value is a bool."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
@@ -42,22 +44,22 @@ class BlockConfig:
     attn_bias: bool = False     # the Q, K, V and O projections carry b_q, b_k, b_v, b_o (GPT-2, BERT)
 
     def __post_init__(self):
-        d_model = _check_int("d_model", self.d_model, 1)
-        n_heads = _check_int("n_heads", self.n_heads, 1)
+        d_model = check_int("d_model", self.d_model, 1)
+        n_heads = check_int("n_heads", self.n_heads, 1)
         if d_model % n_heads:
             raise ValueError(
                 f"d_model must be divisible by n_heads, got d_model={d_model}, n_heads={n_heads}")
-        d_ff = 4 * d_model if self.d_ff is None else _check_int("d_ff", self.d_ff, 1)
-        _check_bool("causal", self.causal)
+        d_ff = 4 * d_model if self.d_ff is None else check_int("d_ff", self.d_ff, 1)
+        check_bool("causal", self.causal)
         _check_choice("norm", self.norm, NORMS)
         _check_choice("activation", self.activation, ACTIVATIONS)
         if isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real):
             raise TypeError(f"eps must be a real number, got {type(self.eps).__name__} {self.eps!r}")
         if not (0.0 < float(self.eps) < float("inf")):
             raise ValueError(f"eps must be positive and finite, got {self.eps!r}")
-        _check_bool("ffn_bias", self.ffn_bias)
-        _check_bool("ln_affine", self.ln_affine)
-        _check_bool("attn_bias", self.attn_bias)
+        check_bool("ffn_bias", self.ffn_bias)
+        check_bool("ln_affine", self.ln_affine)
+        check_bool("attn_bias", self.attn_bias)
         # frozen dataclass: normalise the stored values through object.__setattr__
         object.__setattr__(self, "d_model", d_model)
         object.__setattr__(self, "n_heads", n_heads)

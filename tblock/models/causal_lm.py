@@ -24,7 +24,7 @@ import numpy as np
 
 from ..api import Stack, get_backend
 from ..backends import DEFAULT_BACKEND, lm_hook
-from ..config import BlockConfig, _check_int
+from ..config import BlockConfig, check_int
 from ..kvcache import KVCache
 from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
 from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
@@ -208,7 +208,7 @@ class CausalLM:
         """Empty KV caches, one per block, for ``batch`` sequences of up to ``max_T`` tokens
         (default n_positions) in the model's dtype: 2 * N * max_T * d values per sequence,
         allocated here once."""
-        max_T = self.n_positions if max_T is None else _check_int("max_T", max_T, 1)
+        max_T = self.n_positions if max_T is None else check_int("max_T", max_T, 1)
         if max_T > self.n_positions:
             raise ValueError(f"max_T must be <= n_positions={self.n_positions} (the model has no position "
                              f"past that), got {max_T}")
@@ -310,14 +310,14 @@ class CausalLM:
         ids2 = self._check_ids(ids)
         B, T = ids2.shape
         name = self._cached_backend(backend)
-        max_new = _check_int("max_new_tokens", max_new_tokens, 0)
+        max_new = check_int("max_new_tokens", max_new_tokens, 0)
         if T + max_new > self.n_positions:
             raise ValueError(f"max_new_tokens={max_new} after T={T} prompt tokens passes n_positions="
                              f"{self.n_positions} (the model's context): at most {self.n_positions - T}")
         temperature = check_temperature(temperature)
         top_k, top_p = check_filters(top_k, top_p)
         if eos_token_id is not None:
-            eos_token_id = _check_int("eos_token_id", eos_token_id, 0)
+            eos_token_id = check_int("eos_token_id", eos_token_id, 0)
             if eos_token_id >= self.vocab_size:
                 raise ValueError(f"eos_token_id must be a token id in [0, vocab_size={self.vocab_size}), "
                                  f"got {eos_token_id}")

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from ..config import BlockConfig, _check_bool, _check_int
+from ..config import BlockConfig, check_bool, check_int
 from ..weights import BlockWeights, check_finite
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
@@ -69,9 +69,9 @@ class GPT2Config:
 
     def __post_init__(self):
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         if self.n_inner is not None:
-            object.__setattr__(self, "n_inner", _check_int("n_inner", self.n_inner, 1))
+            object.__setattr__(self, "n_inner", check_int("n_inner", self.n_inner, 1))
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd}, n_head={self.n_head}")
         if self.activation_function not in HF_ACTIVATIONS:
@@ -86,7 +86,7 @@ class GPT2Config:
             object.__setattr__(self, name, float(value))
         for name in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
                      "add_cross_attention", "tie_word_embeddings"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         unsupported = {
             "scale_attn_weights": (False, "tblock's attention always divides the scores by sqrt(d_k)"),
             "scale_attn_by_inverse_layer_idx": (True, "tblock's attention does not divide the scores "

@@ -16,7 +16,7 @@ import numbers
 
 import numpy as np
 
-from ..config import _check_int
+from ..config import check_int
 
 
 def next_token_probs(logits, temperature: float = 1.0, top_k: int | None = None,
@@ -93,7 +93,7 @@ def check_temperature(temperature) -> float:
 def check_filters(top_k, top_p) -> tuple[int | None, float | None]:
     """top_k an integer >= 1 or None, top_p in (0, 1] or None."""
     if top_k is not None:
-        top_k = _check_int("top_k", top_k, 1)
+        top_k = check_int("top_k", top_k, 1)
     if top_p is not None:
         if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
             raise TypeError(f"top_p must be a real number in (0, 1], got {type(top_p).__name__} {top_p!r}")
@@ -109,5 +109,5 @@ def rng_of(seed) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
     if seed is not None:
-        _check_int("seed", seed, 0)
+        check_int("seed", seed, 0)
     return np.random.default_rng(seed)
