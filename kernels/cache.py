@@ -15,12 +15,20 @@ the sources; the user's cache directory; then, with a warning, the system's temp
 directory; where none is writable, nowhere (the kernels compile in every process), with a
 warning.  A read-only installation with no writable home or temporary directory still
 imports and runs.
+
+A cache that goes bad heals (CacheFile).  Each data file carries a sha256 of its contents,
+and an index or data file that does not read back whole (truncated, garbled, not Numba's)
+is treated as missing: the kernel compiles again and its entry is written anew, with one
+warning a process.  A cache folder that stops taking writes (a full or read-only volume)
+leaves the kernels compiled in memory for the rest of the process, with one warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -86,6 +94,100 @@ def _cache_path() -> str | None:
 CACHE_PATH = _cache_path()
 
 
+_warned = set()            # the kinds of cache trouble this process has warned about
+_no_writes = False          # set when a write failed: the kernels compile in memory from then on
+
+
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _corrupt(path: str, why: Exception) -> None:
+    _warn_once("corrupt", f"tblock: Numba's cache file {path} does not read back whole "
+               f"({type(why).__name__}: {why}); the kernel is compiled again and the entry written "
+               "anew (other such entries in this process are replaced without a warning)")
+
+
+def _cannot_write(why: OSError) -> None:
+    global _no_writes
+    _no_writes = True
+    _warn_once("write", f"tblock: cannot write Numba's cache in {CACHE_PATH} ({why.strerror or why}); the "
+               "kernels are compiled in memory for the rest of this process: free the space, or set "
+               "NUMBA_CACHE_DIR to a writable folder")
+
+
+class CacheFile(caching.IndexDataCacheFile):
+    """Numba's index and data files, which for this package's folder (CACHE_PATH) check what
+    they read and survive what they cannot write; every other folder's as Numba has them.
+
+    A data file is TAG, the sha256 of the pickled entry, then the entry; the index is
+    Numba's, and must name data files of its own function.  What fails either check, or
+    does not unpickle, is missing: Numba compiles and saves the entry again, replacing it."""
+
+    TAG = b"tblock-sha256\n"
+
+    def __init__(self, cache_path, filename_base, source_stamp):
+        super().__init__(cache_path, filename_base, source_stamp)
+        self._ours = CACHE_PATH is not None and cache_path == CACHE_PATH
+        self._data_name_re = re.compile(re.escape(filename_base) + r"\.[0-9]+\.nbc")
+
+    def load(self, key):
+        if not self._ours:
+            return super().load(key)
+        name = self._load_index().get(key)
+        if name is None:
+            return None
+        try:
+            return self._load_data(name)
+        except FileNotFoundError:       # removed while the index still named it
+            return None
+        except Exception as e:          # noqa: BLE001  (whatever a damaged file raises)
+            _corrupt(self._data_path(name), e)
+            return None
+
+    def save(self, key, data):
+        if not self._ours:
+            return super().save(key, data)
+        if _no_writes:
+            return
+        try:
+            super().save(key, data)
+        except OSError as e:
+            _cannot_write(e)
+
+    def _load_index(self):
+        if not self._ours:
+            return super()._load_index()
+        try:
+            overloads = super()._load_index()       # {} when missing or stale
+            if not (isinstance(overloads, dict) and all(isinstance(v, str) and self._data_name_re.fullmatch(v)
+                                                        for v in overloads.values())):
+                raise ValueError("not an index of this function's data files")
+            return overloads
+        except Exception as e:          # noqa: BLE001
+            _corrupt(self._index_path, e)
+            return {}
+
+    def _save_data(self, name, data):
+        if not self._ours:
+            return super()._save_data(name, data)
+        payload = self._dump(data)
+        with self._open_for_write(self._data_path(name)) as f:
+            f.write(self.TAG + hashlib.sha256(payload).digest() + payload)
+
+    def _load_data(self, name):
+        if not self._ours:
+            return super()._load_data(name)
+        with open(self._data_path(name), "rb") as f:
+            raw = f.read()
+        head = len(self.TAG) + 32
+        if raw[:len(self.TAG)] != self.TAG or hashlib.sha256(raw[head:]).digest() != raw[len(self.TAG):head]:
+            raise ValueError("its sha256 does not match its contents")
+        return pickle.loads(raw[head:])
+
+
 class PathCacheLocator(caching._CacheLocator):
     """Numba cache locator for the functions defined in this package (others: None)."""
 
@@ -96,6 +198,12 @@ class PathCacheLocator(caching._CacheLocator):
 
     def get_cache_path(self):
         return self._cache_path
+
+    def ensure_cache_path(self):
+        try:
+            super().ensure_cache_path()
+        except OSError:
+            pass                        # the save that follows fails too, and warns (CacheFile)
 
     def get_source_stamp(self):
         return _package_stamp()
@@ -111,7 +219,10 @@ class PathCacheLocator(caching._CacheLocator):
 
 
 def install() -> None:
-    """Put PathCacheLocator first among Numba's locators (once)."""
+    """Put PathCacheLocator first among Numba's locators, and CacheFile in place of Numba's
+    cache files (it is Numba's own for every folder but this package's), once."""
     classes = caching._CacheImpl._locator_classes if hasattr(caching, "_CacheImpl") else caching.CacheImpl._locator_classes
     if PathCacheLocator not in classes:
         classes.insert(0, PathCacheLocator)
+    if not issubclass(caching.IndexDataCacheFile, CacheFile):
+        caching.IndexDataCacheFile = CacheFile
