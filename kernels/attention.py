@@ -14,15 +14,15 @@ from __future__ import annotations
 import math
 
 
-from .gemm import MR, micro_kernel
+from .gemm import micro_kernel
 from .layout import panels
 from .options import kernel
+from .records import Rows
 from .simd import (lanes, panel_lanes, pbcast, pload, psplat, pstore, vadd, vexp2, vfma, vhmax, vhsum,
                    vkeep, vload, vload_n, vmax, vmul, vsub, vsplat, vstore, vstore_n)
+from .tiles import KV_CHUNK, MR, QSUB
 
 LOG2E = 1.4426950408889634
-KV_CHUNK = 128   # keys per P V pass (see _sub_tile)
-QSUB = 96        # queries per sub-tile: the S tile is QSUB x BK (96 KiB at BK=256)
 
 
 @kernel
@@ -60,72 +60,74 @@ def pack_rows(X, x_off, ldx, rows, n, Y, y_off, ldy):
 
 
 @kernel(standalone=True)
-def flash_rows(X, ldx, q_off, T, dk, Kt, kt_off, V, v_off, ldv, q0, q1, causal, scale,
-               BK, Qt, S, O, mrow, lrow, out, out_off, ldout):
-    """Attention output of queries q0..q1-1 of one head of one sequence.
+def flash_rows(X, q, Kt, V, kv, att, work, out, o):
+    """Attention output of the queries att.q0:att.q1 of one head of one sequence.
 
-    Q[t, c] = X.flat[q_off + t*ldx + c]; K^T packed at Kt[kt_off] (pack_kt); V[t, c] =
-    V.flat[v_off + t*ldv + c] with ldv >= dk a multiple of NR, zero past dk (pack_rows).
-    Scratch: Qt >= (q1-q0)*dk, S >= min(q1-q0, QSUB)*BK, O >= (q1-q0)*ldv, mrow/lrow >=
-    q1-q0 (float64).  BK must be a multiple of NR.  Writes out.flat[out_off + i*ldout + c]
-    for i < q1-q0, c < dk.
+    Q[t, c] = X.flat[q.off + t*q.ld + c]; K^T packed at Kt[kv.kt] (pack_kt); V[t, c] =
+    V.flat[kv.v + t*kv.ldv + c] with kv.ldv >= dk a multiple of NR, zero past dk
+    (pack_rows).  work (FlashWork): Qt >= (q1-q0)*dk, S >= min(q1-q0, QSUB)*bk, O >=
+    (q1-q0)*ldv, mrow/lrow >= q1-q0 (float64).  att.bk must be a multiple of NR.  Writes
+    out.flat[o.off + i*o.ld + c] for i < q1-q0, c < dk.
 
     Loop order: key tiles outside, sub-tiles of QSUB queries inside, so each key tile
-    (K^T and V: 2 x 64 KiB at BK=256, dk=64) is used by all the task's queries while it
-    is in L2; at T=4096 a head's K and V (1 MiB each) no longer fit L2, and re-reading
-    them from L3 for every few dozen queries would cost more than the tile loop saves.
-    With ``causal`` the key tiles at or beyond q1 (entirely above the diagonal) are never
-    visited, nor the parts of a tile above a sub-tile's or micro-tile's last query."""
+    (K^T and V) is used by all the task's queries while it is in L2; at long T a head's K
+    and V no longer fit L2, and re-reading them from L3 for every few dozen queries would
+    cost more than the tile loop saves.  With ``causal`` the key tiles at or beyond q1
+    (entirely above the diagonal) are never visited, nor the parts of a tile above a
+    sub-tile's or micro-tile's last query."""
     W = lanes(Kt)
-    NR = panel_lanes(Kt)
+    Qt, S, O, mrow, lrow = work
+    q0, q1, dk, ldv = att.q0, att.q1, att.dk, kv.ldv
     m = q1 - q0
     zero = vsplat(O, 0.0)
-    vc2 = vsplat(S, scale * LOG2E)
-    pack_rows(X, q_off + q0 * ldx, ldx, m, dk, Qt, 0, dk)
+    vc2 = vsplat(S, att.scale * LOG2E)
+    pack_rows(X, q.off + q0 * q.ld, q.ld, m, dk, Qt, 0, dk)
     for i in range(m):
         mrow[i] = -math.inf
         lrow[i] = 0.0
         for c in range(0, ldv, W):
             vstore(O, i * ldv + c, zero)
-    kv_end = q1 if causal else T
-    for k0 in range(0, kv_end, BK):
-        kn = min(BK, kv_end - k0)
+    kv_end = q1 if att.causal else att.keys
+    for k0 in range(0, kv_end, att.bk):
+        kn = min(att.bk, kv_end - k0)
         if m == 1:
             # one query (a decode step): it sees every key of every tile
-            _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O, mrow, lrow, NR, W, zero)
+            _one_query_tile(Kt, V, kv, att, work, vc2, k0, kn)
             continue
         for s0 in range(0, m, QSUB):
             s1 = min(m, s0 + QSUB)
-            if causal and k0 > q0 + s1 - 1:
+            if att.causal and k0 > q0 + s1 - 1:
                 continue                # no query of this sub-tile sees a key of the tile
-            _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale,
-                      vc2, BK, S, O, mrow, lrow, NR, W, zero)
+            _sub_tile(Kt, V, kv, att, work, vc2, s0, s1, k0, kn)
     for i in range(m):
         vinv = vsplat(O, 1.0 / lrow[i])
         for c in range(0, dk, W):
-            vstore_n(out, out_off + i * ldout + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
+            vstore_n(out, o.off + i * o.ld + c, vmul(vload(O, i * ldv + c), vinv), dk - c)
 
 
 @kernel(standalone=True, internal=True)
-def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, scale, vc2,
-              BK, S, O, mrow, lrow, NR, W, zero):
+def _sub_tile(Kt, V, kv, att, work, vc2, s0, s1, k0, kn):
     """One key tile (keys k0..k0+kn-1) against the task's queries s0..s1-1 (relative to
     q0): scores, online-softmax update of mrow/lrow/O, O += P V.  S holds this
-    sub-tile's scores, row i - s0."""
+    sub-tile's scores, row i - s0.  vc2: scale * log2(e) in every lane."""
+    Qt, S, O, mrow, lrow = work
+    kt_off, v_off, ldv = kv
+    dk, BK, causal = att.dk, att.bk, att.causal
+    NR = panel_lanes(Kt)
     m = s1 - s0
     # S[i, j] = Q[q0+s0+i] . K[k0+j]  (raw, unscaled scores).  Under the causal mask a
     # micro-tile of MR queries needs only the keys up to its last query: panels entirely
     # above that are skipped here, and the softmax and P V below stop at the same bound
     # (klim), so a diagonal tile costs about half a tile.
-    qa = q0 + s0
+    qa = att.q0 + s0
     for p in range(panels(kn, NR)):
         pb = kt_off + (k0 // NR + p) * dk * NR
         n = min(NR, kn - p * NR)
         for i in range(0, m, MR):
             if causal and k0 + p * NR > qa + min(m, i + MR) - 1:
                 continue
-            micro_kernel(Qt, (s0 + i) * dk, dk, 1, min(MR, m - i), Kt, pb, NR, dk,
-                         S, i * BK + p * NR, BK, n, False, -1)
+            micro_kernel(Qt, Rows((s0 + i) * dk, dk), Kt, Rows(pb, NR), S, Rows(i * BK + p * NR, BK),
+                         (min(MR, m - i), n, dk), False, -1)
     # online softmax: new running max, rescale what was accumulated, P = 2^(...)
     for i in range(m):
         nv = kn
@@ -134,10 +136,9 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
             nv = min(kn, qa + i + 1 - k0)
             # the P V product of this row's micro-tile reads keys up to klim
             klim = min(kn, qa + min(m, i // MR * MR + MR) - k0)
-        _softmax_row(S, i * BK, nv, klim, s0 + i, mrow, lrow, O, ldv, vc2, scale, W, zero)
+        _softmax_row(work, i * BK, nv, klim, s0 + i, ldv, vc2, att.scale)
     # O += P V over this key tile (each micro-tile only up to its last key), in chunks
-    # of KV_CHUNK keys: a 128 x 64 float32 slice of V (32 KiB) stays in L1 while all the
-    # micro-tiles pass over it; a whole 256-key tile would not
+    # of KV_CHUNK keys (tiles.py)
     for vp in range(ldv // NR):
         for c0 in range(0, kn, KV_CHUNK):
             for i in range(0, m, MR):
@@ -147,20 +148,23 @@ def _sub_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, q0, s0, s1, k0, kn, causal, sca
                 kl = min(kl, c0 + KV_CHUNK) - c0
                 if kl <= 0:
                     continue
-                micro_kernel(S, i * BK + c0, BK, 1, min(MR, m - i),
-                             V, v_off + (k0 + c0) * ldv + vp * NR, ldv, kl,
-                             O, (s0 + i) * ldv + vp * NR, ldv, NR, True, -1)
+                micro_kernel(S, Rows(i * BK + c0, BK), V, Rows(v_off + (k0 + c0) * ldv + vp * NR, ldv), O,
+                             Rows((s0 + i) * ldv + vp * NR, ldv), (min(MR, m - i), NR, kl), True, -1)
 
 
 @kernel(standalone=True, internal=True)
-def _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O, mrow, lrow, NR, W, zero):
+def _one_query_tile(Kt, V, kv, att, work, vc2, k0, kn):
     """_sub_tile for a tile of one query that sees all kn keys k0..k0+kn-1 (a decode
     step's): the same scores, softmax update and O += P V.  The micro-kernel's one-row
     loop is one chain of FMAs per accumulator, each waiting on the one before, and with
     one query no other row fills the wait; here two chains run side by side (two key
-    panels at once for the scores, even and odd keys for P V), a fifth less time for a
-    head's K and V read from L2 (docs/perf-log.md).  Each score is the micro-kernel's
-    sum, in its order; P V sums the two chains at the end of the tile."""
+    panels at once for the scores, even and odd keys for P V), for a head's K and V read
+    from L2 (docs/perf-log.md).  Each score is the micro-kernel's sum, in its order; P V
+    sums the two chains at the end of the tile."""
+    Qt, S, O, mrow, lrow = work
+    kt_off, v_off, ldv = kv
+    dk = att.dk
+    NR = panel_lanes(Kt)
     npn = panels(kn, NR)
     step = dk * NR                          # elements of one K^T panel
     pb = kt_off + k0 // NR * step
@@ -173,7 +177,7 @@ def _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O,
             a1 = vfma(qc, pload(Kt, pb + p2 * step + c * NR), a1)
         pstore(S, p * NR, a0)               # whole panels: S holds panels(kn) * NR scores
         pstore(S, p2 * NR, a1)
-    _softmax_row(S, 0, kn, kn, 0, mrow, lrow, O, ldv, vc2, scale, W, zero)
+    _softmax_row(work, 0, kn, kn, 0, ldv, vc2, att.scale)
     for vp in range(ldv // NR):
         o0 = o1 = psplat(O, 0.0)
         vb = v_off + k0 * ldv + vp * NR
@@ -186,11 +190,14 @@ def _one_query_tile(Qt, dk, Kt, kt_off, V, v_off, ldv, k0, kn, scale, vc2, S, O,
 
 
 @kernel(internal=True, inline="always")
-def _softmax_row(S, row, nv, klim, r, mrow, lrow, O, ldv, vc2, scale, W, zero):
+def _softmax_row(work, row, nv, klim, r, ldv, vc2, scale):
     """The online-softmax update of query r by one key tile's raw scores S[row : row + nv]
-    (the keys it may see): its running max mrow[r] and sum lrow[r], its accumulated
-    output O[r] rescaled when the max moves, and S[row : row + klim] replaced by
-    P = exp((s - max) * scale), zero past nv."""
+    (the keys it may see; work: the tile's FlashWork): its running max mrow[r] and sum
+    lrow[r], its accumulated output O[r] (rows ldv apart) rescaled when the max moves, and
+    S[row : row + klim] replaced by P = exp((s - max) * scale), zero past nv."""
+    _, S, O, mrow, lrow = work
+    W = lanes(S)
+    zero = vsplat(S, 0.0)
     # two running maxima: one vmax chain waits on its own latency (4 cycles a vector)
     mx = vsplat(S, -math.inf)
     mx2 = mx
@@ -237,16 +244,18 @@ def _softmax_row(S, row, nv, klim, r, mrow, lrow, O, ldv, vc2, scale, W, zero):
 
 
 @kernel
-def attention_rows_direct(X, ldx, q_off, k_off, v_off, T, dk, causal, scale, srow, out,
-                          out_off, ldout):
+def attention_rows_direct(X, ldx, qkv, att, srow, out, o):
     """Attention of one head for short sequences, one query at a time: scores over the
     allowed keys into srow (>= T, float64), max-subtracted softmax, weighted sum of V.
     No packing and no tiles: for T up to a few dozen the tiled kernel's set-up costs
-    more than this whole loop (the lesson's T=4 block).  Q[t, c] = X.flat[q_off + t*ldx
-    + c], K at k_off, V at v_off; writes out.flat[out_off + i*ldout + c]."""
+    more than this whole loop (the lesson's T=4 block).  Q[t, c] = X.flat[q + t*ldx + c]
+    with (q, k, v) = qkv, K at k, V at v; T = att.keys queries and keys (att.q0, att.q1
+    and att.bk unused); writes out.flat[o.off + i*o.ld + c]."""
     # Rows of Q, K and V are d_k wide (a few lanes at these sizes): one masked vector per
     # W columns instead of scalar loops over c, whose set-up cost more than their work
-    # (the two heads of the lesson's block: 850 ns scalar)
+    q_off, k_off, v_off = qkv
+    T, dk, causal, scale = att.keys, att.dk, att.causal, att.scale
+    out_off, ldout = o
     W = lanes(X)
     zero = vsplat(X, 0.0)
     for i in range(T):
@@ -268,9 +277,9 @@ def attention_rows_direct(X, ldx, q_off, k_off, v_off, T, dk, causal, scale, sro
             srow[j] = e
             total += e
         vinv = vsplat(X, 1.0 / total)
-        o = out_off + i * ldout
+        oi = out_off + i * ldout
         for c in range(0, dk, W):
             acc = zero
             for j in range(n):
                 acc = vfma(vsplat(X, srow[j]), vload_n(X, v_off + j * ldx + c, dk - c), acc)
-            vstore_n(out, o + c, vmul(acc, vinv), dk - c)
+            vstore_n(out, oi + c, vmul(acc, vinv), dk - c)

@@ -42,6 +42,12 @@ with KV caches runs in one call (``cached_parallel``, ``cached_serial``: the blo
 with a cache, over a table of blocks): a decode step crosses from Python into compiled
 code once, not once a block, and takes its scratch from the cache (work_len).
 
+Each body is written once (``_one_block``, ``_cached``) and inlined into its two builds,
+defined by name: ``one_block_serial`` and ``one_block_parallel`` compile it without and with
+threads for its prange loops, and each of ``cached_serial`` and ``cached_parallel`` hands
+``_cached`` the build of the block it runs.  A call's dimensions, caches and buffers travel
+as records (kernels.records); from Python, as plain tuples in the same order.
+
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
 and every kernel inside a task is serial; no BLAS is called, so nothing else competes
 for the cores.  Each output element is produced by exactly one task in a fixed
@@ -54,14 +60,14 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .layout import (ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16,
-                     weight_layout)
-from .isa import MR
-from .options import borrowed, borrowed_at, claim, finished, keep_alive, kernel, serial_and_parallel, wait_for
+from .layout import ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16, weight_layout
+from .options import borrowed, borrowed_at, claim, finished, keep_alive, kernel, wait_for
+from .records import Attend, Cache, Dims, Grid, Output, Scratch
 from .simd import panel_lanes
-from .stages import (BQ, DIRECT_MAX, MC, MF, attention_buffers, attention_direct_task, attention_task,
-                     attention_work, cache_packed_task, cache_rows_task, ffn_down_task, ffn_input_task,
-                     ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
+from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, cache_packed_task,
+                     cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece,
+                     out_proj_task, pack_head, qkv_task)
+from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
 
 
@@ -73,16 +79,17 @@ def attention_core(qkv, T, d, n_heads, causal):
     here a packing pass (pack_head) comes first."""
     nseq = qkv.size // (3 * d) // T
     nbh = nseq * n_heads
+    dims = Dims(T, d, n_heads, 0, causal, False, 0, 0.0)    # the FFN's fields unused
     if T * T * (d // n_heads) <= DIRECT_MAX:
         srow = np.empty(nbh * T)
         for t in prange(nbh):
-            attention_direct_task(qkv, T, d, n_heads, causal, t, srow)
+            attention_direct_task(qkv, dims, t, srow)
         return
     kt, vp = attention_buffers(qkv, nseq, T, d, n_heads)
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
-        attention_task(qkv, 3 * d, T, d, n_heads, causal, t, kt, vp, 0, T, kt[:0], 0)
+        attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T), kt[:0], 0)
 
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
@@ -112,7 +119,7 @@ def next_task(plan, s, w, halves, nthr):
     from one counter, as the workers ask.  halves=2: the tasks are two contiguous halves
     with a counter each (columns 2 and 3); worker w takes from half w % 2, then from the
     other.  For a GEMV (a decode step) a task is a panel of one weight matrix: two
-    threads taking neighbouring panels in turn streamed ~2% slower than each streaming a
+    threads taking neighbouring panels in turn streamed slower than each streaming a
     run of its own (docs/perf-log.md)."""
     n = plan[s, 1]
     if halves == 1:
@@ -127,58 +134,51 @@ def next_task(plan, s, w, halves, nthr):
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def attention_stages_task(stage, t, H, X, Wf, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
-                          ln_in_task, q, ldq, kt, vp, packed, srow, Kc, Vc, past, max_T, work, w_pos):
-    """Task t of ``stage`` (LN1 .. CACHE_FIRST) of _block, which sets out the arguments."""
-    NR = panel_lanes(Wf)
-    layout = weight_layout(d, dff, NR)
-    o_qkv, o_g1, o_be1, o_bqkv = layout[0], layout[6], layout[7], layout[10]
+def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
+    """Task t of ``stage`` (LN1 .. CACHE_FIRST) of _one_block, which sets out the records:
+    H the flat rows, bufs the Attend buffers, cache the block's Cache (past < 0: none)."""
+    d = dims.d
     rows = H.size // d
     if stage == LN1:
-        layernorm_piece(H, X, t, nthr, rows, d, Wf, o_g1, o_be1, eps)
+        layout = weight_layout(d, dims.dff, panel_lanes(Wf))
+        layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, Wf, layout[6], layout[7], dims.eps)
     elif stage == QKV:
-        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, 3 * panels(d, NR))
-        qkv_task(X, Wf, o_qkv, o_g1, o_be1, o_bqkv, ln_in_task, eps, T, d, n_heads, r0, r1, p0, p1,
-                 q, ldq, kt, vp, packed)
+        qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(Wf))), bufs)
     elif stage == CACHE_NEW:
-        cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
+        cache_rows_task(bufs.q, dims, t, cache)
     elif stage == ATTEND_CACHED:
-        if T <= BQ:                 # one query tile: the task's own head, appended before it is read
-            cache_rows_task(q, T, d, n_heads, t, Kc, Vc, past, max_T)
-        attention_task(q, ldq, T, d, n_heads, causal, t, Kc, Vc, past, max_T, work, w_pos)
+        if dims.T <= BQ:            # one query tile: the task's own head, appended before it is read
+            cache_rows_task(bufs.q, dims, t, cache)
+        attention_task(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
     elif stage == ATTEND_DIRECT:
-        if past == 0:
-            cache_rows_task(q, T, d, n_heads, t, Kc, Vc, 0, max_T)
-        attention_direct_task(q, T, d, n_heads, causal, t, srow)
+        if cache.past == 0:
+            cache_rows_task(bufs.q, dims, t, cache)
+        attention_direct_task(bufs.q, dims, t, bufs.srow)
     elif stage == ATTEND:
-        attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, 0, T, work, w_pos)
+        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
     else:
-        cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T)
+        cache_packed_task(bufs.kt, bufs.vp, dims, t, cache)
 
 
-@kernel(readonly=("H", "q", "Wf"), standalone=True, internal=True)
-def output_stages_task(stage, t, H, q, ldq, Wf, d, dff, act, pre_ln, eps, nthr, mc, groups, mf,
-                       out, xn, hid, ldh):
-    """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of _block, which sets out the arguments."""
-    NR = panel_lanes(Wf)
-    layout = weight_layout(d, dff, NR)
-    o_o, o_g1, o_be1, o_g2, o_be2, o_bo = layout[1], layout[6], layout[7], layout[8], layout[9], layout[11]
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
+    """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of _one_block, which sets out the records:
+    H the flat rows, bufs the Output buffers."""
+    d = dims.d
     rows = H.size // d
     if stage == OUT_PROJ:
-        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, panels(d, NR))
-        out_proj_task(q, ldq, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out)
+        out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, panel_lanes(Wf))), bufs)
     elif stage == FFN_IN:
-        # the FFN's LayerNorm: LN2 of H_mid (Pre-LN), LN1 of H + A_out (Post-LN)
-        o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
-        ffn_input_task(out, xn, t, nthr, rows, d, Wf, o_g, o_be, eps, pre_ln)
+        ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
     elif stage == FFN_UP:
-        ffn_up_task(xn, rows, d, dff, Wf, act, hid, ldh, t)
+        ffn_up_task(Wf, dims, rows, bufs, t)
     elif stage == FFN_DOWN:
-        ffn_down_task(hid, ldh, rows, d, dff, Wf, out, t)
+        ffn_down_task(Wf, dims, rows, bufs, t)
     elif stage == LN_POST:
-        layernorm_piece(out, out, t, nthr, rows, d, Wf, o_g2, o_be2, eps)
+        layout = weight_layout(d, dims.dff, panel_lanes(Wf))
+        layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, Wf, layout[8], layout[9], dims.eps)
     else:
-        ffn_rows_task(out, t * mf, min(rows, (t + 1) * mf), d, dff, Wf, act, pre_ln, eps)
+        ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))
 
 
 @kernel
@@ -196,15 +196,17 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
 
 
-def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, nthr, plan, work, slot,
-               dest):
-    """One block of _block and _cached (which set out the arguments) on the flat rows H:
-    its output (B, T, d): dest when it is not empty (rows * d elements); else with a work
-    buffer (work_len elements, few keys; empty: none) output buffer ``slot`` (0 or 1) of
-    it, every scratch buffer taken from it too; else a new array.  plan: (PLAN_ROWS,
-    PLAN_COLS) intp, room for the stage plan.  Both callers call the one build
-    (one_block_serial, one_block_parallel): the body with its parallel loops is compiled
-    once."""
+@kernel(inline="always")
+def _one_block(H, Wf, dims, cache, scratch, nthr):
+    """One block on the flat rows H (B*T*d), the body of one_block_serial and
+    one_block_parallel: its output (B, T, d): scratch.dest when it is not empty (rows * d
+    elements); else with a work buffer (scratch.work: work_len elements, few keys; empty:
+    none) output buffer scratch.slot (0 or 1) of it, every scratch buffer taken from it
+    too; else a new array.  scratch.plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage
+    plan.  cache: the block's Cache (past = -1: none)."""
+    T, d, n_heads = dims.T, dims.d, dims.n_heads
+    plan, work = scratch.plan, scratch.work
+    past = cache.past
     NR = panel_lanes(Wf)
     rows = H.size // d
     nseq = rows // T
@@ -226,8 +228,8 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
     mc, groups, ntasks = stage_grid(rows, 3 * panels(d, NR), MC, nthr)
-    X, ln_in_task = H, pre_ln
-    if pre_ln and (groups > 4 or arena):
+    X, ln_in_task = H, dims.pre_ln
+    if dims.pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
         # in every task (each task of a group of four redoes its rows' LN1; a task's
         # own LN1 rows would be scratch of its own)
@@ -260,9 +262,11 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
             n = plan_stage(plan, n, CACHE_FIRST, nbh)
     # the tasks get borrowed views (no reference counts); the arguments outlive the call,
     # and keep_alive holds each buffer of this function until its last task has run
-    Hb, Xb, Wb, qb, ktb, vpb, srowb, Kcb, Vcb, wb = (borrowed(H), borrowed(X), borrowed(Wf), borrowed(q),
-                                                     borrowed(kt), borrowed(vp), borrowed(srow), borrowed(Kc),
-                                                     borrowed(Vc), borrowed(work))
+    Hb, Wb = borrowed(H), borrowed(Wf)
+    grid = Grid(nthr, mc, groups)
+    attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
+                    borrowed(work), a_pos)
+    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T)
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
@@ -271,26 +275,23 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
         # finished-task counts (wait_for), not a region each, whose start and join cost
         # a visible part of a stage this short (docs/perf-log.md); every buffer is set
         # out before the region
-        out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot,
-                                                              dest)
-        outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
+        out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(dims, scratch, rows, pos, nthr)
+        grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
+        output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf)
         for s in range(PLAN_ROWS):
             plan[s, 2] = plan[s, 3] = plan[s, 4] = 0
         for w in prange(nthr):
             for s in range(n):
                 t = next_task(plan, s, w, halves, nthr)
                 while t < plan[s, 1]:
-                    attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc,
-                                          groups, ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past,
-                                          max_T, wb, a_pos)
+                    attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv)
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
             for s in range(HALF, n2):
                 t = next_task(plan, s, w, halves, nthr)
                 while t < plan[s, 1]:
-                    output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc2, groups2,
-                                       mf, outb, xnb, hidb, ldh)
+                    output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output)
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
@@ -301,42 +302,44 @@ def _one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past
         for w in prange(min(nthr, plan[s, 1])):
             t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
-                attention_stages_task(plan[s, 0], t, Hb, Xb, Wb, T, d, n_heads, dff, causal, eps, nthr, mc, groups,
-                                      ln_in_task, qb, ldq, ktb, vpb, not direct, srowb, Kcb, Vcb, past, max_T,
-                                      wb, a_pos)
+                attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv)
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(X, kt, vp, srow)
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
-    # are freed: at d_model=768, T=4096 that keeps 12 MiB off the peak
-    out, xn, hid, ldh, mc, groups, mf, n2 = output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest)
-    outb, xnb, hidb = borrowed(out), borrowed(xn), borrowed(hid)
+    # are freed, which keeps them off the peak of memory at long T
+    out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(dims, scratch, rows, pos, nthr)
+    grid2 = Grid(nthr, mc2, groups2)
+    output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf)
     for s in range(HALF, n2):
         plan[s, 2] = plan[s, 3] = 0
         for w in prange(min(nthr, plan[s, 1])):
             t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
-                output_stages_task(plan[s, 0], t, Hb, qb, ldq, Wb, d, dff, act, pre_ln, eps, nthr, mc, groups,
-                                   mf, outb, xnb, hidb, ldh)
+                output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output)
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(q, out, xn, hid, plan, work)
     return out.reshape((nseq, T, d))
 
 
 @kernel(internal=True, inline="always")
-def output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest):
-    """The output half of _one_block (stages 3-4) planned into plan's rows HALF..: (out,
-    xn, hid, ldh, mc, groups, mf, the row after its last stage).  pos: the work buffer's
-    first position past the attention half's scratch.
+def output_plan(dims, scratch, rows, pos, nthr):
+    """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
+    (out, xn, hid, ldh, mc, groups, mf, the row after its last stage; mc and groups: its
+    GEMM stage's split).
+    pos: the work buffer's first position past the attention half's scratch.
 
     3. out = H + out_concat @ W_O + b_o (out_concat sits in the Q columns of q): out is
-       dest when it is not empty, else output buffer ``slot`` of work (a new array
-       without one).
+       scratch.dest when it is not empty, else output buffer scratch.slot of the work
+       buffer (a new array without one).
     4. the FFN: with few rows for the threads (or a work buffer), LN into xn, then the
        hidden layer hid (rows, ldh) whole, in two GEMM stages split by columns
        (ffn_up_task, ffn_down_task), each weight streamed by one thread (with a work
        buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
        row tile of mf rows, residual and LayerNorms fused (ffn_rows_task)."""
+    plan, work, slot, dest = scratch
+    d, dff = dims.d, dims.dff
+    NR = panel_lanes(work)
     if dest.size > 0:
         out = dest
     else:
@@ -353,7 +356,7 @@ def output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest):
         n = plan_stage(plan, n, FFN_IN, nthr)
         n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
         n = plan_stage(plan, n, FFN_DOWN, npo)
-        if not pre_ln:
+        if not dims.pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:
         xn = hid = work[:0]             # unused: an empty view, not an allocation
@@ -361,18 +364,27 @@ def output_plan(plan, rows, d, dff, pre_ln, nthr, NR, work, pos, slot, dest):
     return out, xn, hid, ldh, mc, groups, mf, n
 
 
-one_block_serial, one_block_parallel = serial_and_parallel(_one_block, "one_block", internal=True, standalone=True,
-                                                           readonly=("H", "Wf"))
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def one_block_serial(H, Wf, dims, cache, scratch, nthr):
+    """_one_block compiled without threads: its prange loops run in turn."""
+    return _one_block(H, Wf, dims, cache, scratch, nthr)
 
 
-def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
-    """The block on H3 (B, T, d) C-contiguous: (H_out, -1) with H_out a new (B, T, d)
-    array, or (an empty array, 0) when H3 holds a NaN or an Inf; Wf: the flat weights
-    (weight_layout).  act: an activations.*_CODE.  nthr: the number of threads the tasks
-    are sized for (numba.get_num_threads()) - an argument because calling
-    get_num_threads in here makes the function uncacheable.  The output is allocated
-    after the attention's packed K and V are freed (at d_model=768, T=4096 that keeps
-    12 MiB off the peak).  With a KV cache: _cached; into a given array: _block_into."""
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True, parallel=True)
+def one_block_parallel(H, Wf, dims, cache, scratch, nthr):
+    """_one_block with its prange loops on Numba's threads."""
+    return _one_block(H, Wf, dims, cache, scratch, nthr)
+
+
+@kernel
+def block_parallel(H3, Wf, cfg, nthr):
+    """The block on H3 (B, T, d) C-contiguous, its tasks on nthr threads: (H_out, -1) with
+    H_out a new (B, T, d) array, or (an empty array, 0) when H3 holds a NaN or an Inf.
+    Wf: the flat weights (weight_layout).  cfg: (n_heads, dff, causal, pre_ln, act, eps),
+    the fields of a Dims after T and d (act: an activations.*_CODE).  nthr: the number of
+    threads the tasks are sized for (numba.get_num_threads()) - an argument because
+    calling get_num_threads in here makes the function uncacheable.  With a KV cache:
+    cached_parallel; into a given array, serially: block_serial."""
     H = H3.reshape(H3.size)
     # The API leaves this backend the check that H is finite: in here it costs no second
     # crossing into compiled code; the caller reports where the NaN or the Inf is.
@@ -380,15 +392,16 @@ def _block(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
         return np.empty((0, 0, 0), dtype=H3.dtype), 0
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
-    return one_block(H, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, none, none, -1, 0, nthr, plan, none, 0,
-                     none), -1
+    dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
+    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0), Scratch(plan, none, 0, none), nthr), -1
 
 
-def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr):
-    """_block writing H_out into out3 (B, T, d) C-contiguous, the caller's: -1, or 0 when
-    H3 holds a NaN or an Inf (out3 untouched); H3 and out3 may also be (T, d).  For
-    small blocks (the lesson's toy): handing an array Numba made back to Python costs
-    ~0.4 us, numpy's in the caller ~0.15 (docs/perf-log.md)."""
+@kernel
+def block_serial(H3, Wf, out3, cfg, nthr):
+    """The block on H3 (B, T, d) or (T, d) C-contiguous, serially, writing H_out into out3
+    (of H3's shape), the caller's: -1, or 0 when H3 holds a NaN or an Inf (out3 untouched).
+    cfg as block_parallel's.  For small blocks (the lesson's toy): handing an array Numba
+    made back to Python costs more than numpy's made in the caller (docs/perf-log.md)."""
     H = H3.reshape(H3.size)
     if not all_finite_flat(H):
         return 0
@@ -396,56 +409,55 @@ def _block_into(H3, Wf, out3, T, d, n_heads, dff, causal, pre_ln, act, eps, nthr
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     # borrowed views: the body then counts no references to them (options.borrowed)
     nothing = borrowed(none)
-    one_block(borrowed(H), borrowed(Wf), T, d, n_heads, dff, causal, pre_ln, act, eps, nothing, nothing, -1, 0,
-              nthr, borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size))
+    dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
+    one_block_serial(borrowed(H), borrowed(Wf), dims, Cache(nothing, nothing, -1, 0),
+                     Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size)), nthr)
     keep_alive(H, Wf, none, plan, out3)
     return -1
 
 
-BODY = {"one_block": (one_block_serial, one_block_parallel)}     # the build each copy calls
-# the parallel block hands back an output it allocates late; the serial one, for small
-# blocks (and forked children), writes into its caller's
-_, block_parallel = serial_and_parallel(_block, "block", calls=BODY, loops=False)
-block_serial, _ = serial_and_parallel(_block_into, "block_into", calls=BODY, loops=False)
+@kernel(inline="always")
+def _cached(H3, Wf, cfg, cache, nthr, one_block):
+    """The body of cached_serial and cached_parallel, which hand it the build of the block
+    to run (one_block_serial, one_block_parallel): block_parallel with a KV cache (causal),
+    and as many blocks as the cache's table holds: (H_out, -1), or (an empty array, i)
+    when the input of block i holds a NaN or an Inf.
 
+    cache = (K, V, past, max_T, layers, plan, work).  K, V: the cache's flat keys and
+    values (K^T panels and V rows per head, for max_T tokens: tblock.KVCache), holding
+    tokens 0..past-1; H3's rows (B, T, d) are tokens past..past+T-1, their keys and values
+    are written there, and with past > 0 they attend over the cached tokens too, with the
+    same flash kernel.
 
-def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan, work, nthr):
-    """_block with a KV cache (causal), and as many blocks as ``layers`` holds: (H_out,
-    -1), or (an empty array, i) when the input of block i holds a NaN or an Inf.
+    layers: (n, 3) addresses of the flat weights, K and V of n blocks of this config (each
+    array the size of Wf, K, V), run one after another in this call, each on the previous
+    one's output: a stack with its caches (tblock.Stack), where a decode step's blocks
+    would otherwise each cross from Python into Numba.  (0, 3): the one block of Wf, K, V.
 
-    Kc, Vc: the cache's flat keys and values (K^T panels and V rows per head, for max_T
-    tokens: tblock.KVCache), holding tokens 0..past-1; H3's rows are tokens past..past+T-1,
-    their keys and values are written there, and with past > 0 they attend over the
-    cached tokens too, with the same flash kernel.
-
-    layers: (n, 3) addresses of the flat weights, Kc and Vc of n blocks of this config
-    (each array the size of Wf, Kc, Vc), run one after another in this call, each on the
-    previous one's output: a stack with its caches (tblock.Stack), where a decode step's
-    blocks would otherwise each cross from Python into Numba.  (0, 3): the one block of
-    Wf, Kc, Vc.
-
-    plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan (one_block).  work: a buffer for
-    all other scratch (work_len; a KVCache's), used when it is large enough for this call
-    (a decode step): the call then allocates nothing, and H_out is one of its two output
+    plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan.  work: a buffer for all
+    other scratch (work_len; a KVCache's), used when it is large enough for this call (a
+    decode step): the call then allocates nothing, and H_out is one of its two output
     buffers.  Empty: every buffer new."""
+    K, V, past, max_T, layers, plan, work = cache
     H = H3.reshape(H3.size)
+    dims = Dims(H3.shape[1], H3.shape[2], *cfg)
+    T, d = dims.T, dims.d
     nblocks = max(1, layers.shape[0])
-    d_k = d // n_heads
+    d_k = d // dims.n_heads
     few_keys = past > 0 or T * T * d_k <= DIRECT_MAX
-    if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dff, n_heads, max(past, 0) + T,
-                                                                 panel_lanes(Wf), Wf.itemsize)):
+    if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
+                                                                 max(past, 0) + T, panel_lanes(Wf), Wf.itemsize)):
         work = work[:0]                     # not for this call: new buffers
     for blk in range(nblocks):
         if layers.shape[0] > 0:
             W = borrowed_at(Wf, layers[blk, 0], Wf.size)
-            K = borrowed_at(Kc, layers[blk, 1], Kc.size)
-            V = borrowed_at(Vc, layers[blk, 2], Vc.size)
+            Kb = borrowed_at(K, layers[blk, 1], K.size)
+            Vb = borrowed_at(V, layers[blk, 2], V.size)
         else:
-            W, K, V = borrowed(Wf), borrowed(Kc), borrowed(Vc)
-        if not all_finite_flat(H):         # as in _block
+            W, Kb, Vb = borrowed(Wf), borrowed(K), borrowed(V)
+        if not all_finite_flat(H):         # as in block_parallel
             break
-        out3 = one_block(H, W, T, d, n_heads, dff, causal, pre_ln, act, eps, K, V, past, max_T, nthr, plan, work,
-                         blk % 2, work[:0])
+        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0]), nthr)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input
@@ -453,5 +465,13 @@ def _cached(H3, Wf, T, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, 
 
 
 # standalone: kernels.decode calls them by address; H3 typed read-only, as the API hands it
-cached_serial, cached_parallel = serial_and_parallel(_cached, "cached", calls=BODY, loops=False, standalone=True,
-                                                     readonly=("H3", "Wf"))
+@kernel(readonly=("H3", "Wf"), standalone=True)
+def cached_serial(H3, Wf, cfg, cache, nthr):
+    """_cached with the serial block (sized for nthr = 1)."""
+    return _cached(H3, Wf, cfg, cache, nthr, one_block_serial)
+
+
+@kernel(readonly=("H3", "Wf"), standalone=True)
+def cached_parallel(H3, Wf, cfg, cache, nthr):
+    """_cached with the parallel block, its tasks on nthr threads."""
+    return _cached(H3, Wf, cfg, cache, nthr, one_block_parallel)

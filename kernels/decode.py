@@ -23,9 +23,8 @@ from .lm_head import head_parallel, head_serial
 from .options import kernel
 
 
-@kernel(readonly=("ids", "E", "P", "Wf", "ln_f", "Ep"))
-def decode_step(ids, E, P, H, Wf, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T, layers, plan,
-                work, ln_f, eps_f, Ep, vocab, logits, parallel_stack, parallel_head, nthr):
+@kernel
+def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     """logits (B * vocab, flat) of the tokens ids (B,) at position ``past`` after the
     tokens the caches hold; -1, or what went wrong (nothing written to ``logits`` then):
 
@@ -33,29 +32,32 @@ def decode_step(ids, E, P, H, Wf, d, n_heads, dff, causal, pre_ln, act, eps, Kc,
         -2 - i         block i's input holds a NaN or an Inf (the caches' lengths are the
                        caller's: the keys and values written past them are unused)
 
-    E (vocab, d), P (positions, d): token and position embeddings; H: (B, 1, d) room for
-    h_0; Wf ... work: kernels.block._cached's arguments for T = 1 (layers: the table of
-    every block's weights and caches); ln_f = [gamma | beta] (2d); Ep: E packed for the
-    head (lm_head.pack_head).  parallel_stack, parallel_head: which build of each runs
-    (the caller decides as it would for the two calls; a serial one is sized for one
-    thread, as there); nthr: the threads of the parallel ones."""
+    embed = (ids, E, P, H): the tokens, the token and position embeddings E (vocab, d)
+    and P (positions, d), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
+    kernels.block's cached builds take them for T = 1 (cache[2] is past; its table holds
+    every block's weights and caches).  head = (ln_f, eps_f, Ep, vocab): ln_f = [gamma |
+    beta] (2d), Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
+    which build of each runs (the caller decides as it would for the two calls; a serial
+    one is sized for one thread, as there); nthr: the threads of the parallel ones."""
+    ids, E, P, H = embed
+    ln_f, eps_f, Ep, vocab = head
+    past = cache[2]
     B = ids.size
+    d = H.shape[2]
     for b in range(B):
         if ids[b] < 0 or ids[b] >= E.shape[0]:
             return b
     for b in range(B):
         for j in range(d):
             H[b, 0, j] = E[ids[b], j] + P[past, j]
-    if parallel_stack:
-        out3, bad = cached_parallel(H, Wf, 1, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T,
-                                    layers, plan, work, nthr)
+    if parallel[0]:
+        out3, bad = cached_parallel(H, Wf, cfg, cache, nthr)
     else:
-        out3, bad = cached_serial(H, Wf, 1, d, n_heads, dff, causal, pre_ln, act, eps, Kc, Vc, past, max_T,
-                                  layers, plan, work, 1)
+        out3, bad = cached_serial(H, Wf, cfg, cache, 1)
     if bad >= 0:
         return -2 - bad
     X = out3.reshape(out3.size)         # h_n, (B * d,): scratch of work, LN_f goes over it
-    if parallel_head:
+    if parallel[1]:
         head_parallel(X, B, d, ln_f, eps_f, Ep, vocab, logits, True, nthr)
     else:
         head_serial(X, B, d, ln_f, eps_f, Ep, vocab, logits, True, 1)

@@ -1,15 +1,8 @@
 """Which vector path the kernels are compiled for: ``avx512``, ``avx2`` or ``generic``.
 
-A path fixes the few numbers the kernels are written in terms of: the bytes of one SIMD
-vector (``simd.lanes``), the vectors per row of the GEMM micro-tile (``gemm.NV``; MR
-rows are 6 on every path) and the k-block of the GEMMs (``gemm.KC``), sized to the L1.
-Everything else (panel widths, layouts, tiles) follows from these.
-
-    path     vector  micro-tile        registers    why
-    avx512   64 B    6 x 4 vectors     24 of 32     two 512-bit FMA ports, 32 zmm
-    avx2     32 B    6 x 2 vectors     12 of 16     16 ymm: 6 x 4 spilled (48 ymm)
-    generic  16 B    6 x 2 (x 4 on     12 of 16     any LLVM target (SSE2, NEON, ...);
-                     32-register ISAs)              4 on AArch64, whose NEON has 32
+A path is the width of one SIMD vector (``simd.lanes``) and the instructions LLVM may use;
+``tiles`` sizes the GEMM's micro-tile and every block for it (by the path, the
+architecture and the L1 data cache found here).
 
 The path is the widest the target Numba compiles for can run, found by asking LLVM to
 compile one 16-lane and one 8-lane FMA for that target (Numba's target: the host CPU,
@@ -34,7 +27,6 @@ import llvmlite.binding as ll
 from numba.core import config as numba_config
 
 NAMES = ("avx512", "avx2", "generic")       # widest first
-MR = 6                                       # rows of the GEMM micro-tile on every path
 
 
 @dataclass(frozen=True)
@@ -42,17 +34,18 @@ class VectorPath:
     """One compilation path of the kernels, and the target it was chosen for."""
     name: str              # "avx512" | "avx2" | "generic"
     vector_bytes: int      # bytes of one SIMD vector
-    nv: int                # vectors per micro-tile row: NR = nv * lanes columns
-    kc: int                # k-block of the GEMMs (a KC x NR slice of B stays in L1)
     cpu: str               # the CPU name LLVM compiles for
     forced: bool           # chosen by TBLOCK_ISA rather than detected
     fma: bool              # the target has a fused multiply-add instruction
     runnable: tuple        # every path this machine can execute, widest first
+    arch: str              # the target's architecture (x86_64, aarch64, ...)
+    l1d: int               # bytes of one core's L1 data cache (tiles.KC is sized to it)
 
     @property
     def key(self) -> str:
-        """What compiled code depends on: the cache keeps one directory per key."""
-        return f"{self.name}-v{self.vector_bytes}-{MR}x{self.nv}-kc{self.kc}"
+        """What compiled code depends on besides the sources (the path, and what tiles.py
+        sizes the micro-tile and KC by): the cache keeps one directory per key."""
+        return f"{self.name}-v{self.vector_bytes}-{self.arch}-l1d{self.l1d}"
 
 
 def _probe_asm(triple: str, cpu: str, features: str, lanes: int) -> str:
@@ -115,7 +108,7 @@ def _numba_target() -> tuple[str, str, bool]:
     return name, feats, False
 
 
-def _l1d_bytes() -> int:
+def l1d_bytes() -> int:
     """The L1 data cache of one core: Linux's sysfs, else sysconf, else 32 KiB."""
     for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
@@ -133,22 +126,10 @@ def _l1d_bytes() -> int:
     return size if size and size > 0 else 32 * 1024
 
 
-def _kc(vector_bytes: int, nv: int) -> int:
-    """The largest power of two in 64..256 whose KC x NR slice of B takes at most two
-    thirds of the L1 (48 KiB: 128 on avx512; 32 KiB: 256 on avx2).  FF_CHUNK (256)
-    must stay a multiple of it."""
-    budget = _l1d_bytes() * 2 // 3
-    kc = 64
-    while kc < 256 and 2 * kc * nv * vector_bytes <= budget:
-        kc *= 2
-    return kc
-
-
 def _make(name: str, triple: str, cpu: str, features: str, forced: bool, runnable: tuple) -> VectorPath:
     vector_bytes = {"avx512": 64, "avx2": 32, "generic": 16}[name]
-    nv = {"avx512": 4, "avx2": 2}.get(name, 4 if triple.startswith(("aarch64", "arm64")) else 2)
     fma = name != "generic" or has_fma(triple, cpu, features)
-    return VectorPath(name, vector_bytes, nv, _kc(vector_bytes, nv), cpu, forced, fma, runnable)
+    return VectorPath(name, vector_bytes, cpu, forced, fma, runnable, triple.split("-")[0], l1d_bytes())
 
 
 def resolve(env=None) -> VectorPath:

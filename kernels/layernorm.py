@@ -10,15 +10,18 @@ from .simd import lanes, vadd, vfma, vhsum, vkeep, vload_n, vmul, vsplat, vstore
 
 
 @kernel(readonly=("X", "P"))
-def layernorm_rows(X, x_off, ldx, Y, y_off, ldy, rows, d, P, g_off, b_off, eps):
-    """Y[r, :] = (X[r, :] - mean) / sqrt(var + eps) * gamma + beta for r < rows.
+def layernorm_rows(X, x, Y, y, rows, d, P, g_off, b_off, eps):
+    """Y[r, :] = (X[r, :] - mean) / sqrt(var + eps) * gamma + beta for r < rows, the rows
+    of X and Y at their Rows x and y (records.Rows).
 
     As the oracle: population variance (divide by d), eps inside the square root, two
     passes (mean, then squared deviations), so a constant row gives var = 0 and stays
-    finite.  X[r, j] = X.flat[x_off + r*ldx + j], likewise Y; gamma = P[g_off:g_off+d],
-    beta = P[b_off:b_off+d] (the identity 1 / 0 when the block has no LN affine, which
-    changes no bit of the result).  Y may be X itself (in place).  Sums run in lanes
-    (16 float32 / 8 float64 partial sums, then a pairwise tree), not one long chain."""
+    finite.  gamma = P[g_off:g_off+d], beta = P[b_off:b_off+d] (the identity 1 / 0 when
+    the block has no LN affine, which changes no bit of the result).  Y may be X itself
+    (in place).  Sums run in lanes (a vector of partial sums, then a pairwise tree), not
+    one long chain."""
+    x_off, ldx = x
+    y_off, ldy = y
     W = lanes(X)
     zero = vsplat(X, 0.0)
     for r in range(rows):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .isa import MR
 from .options import kernel
+from .records import Tile
+from .tiles import MR
 
 
 @kernel(internal=True)
@@ -121,11 +122,11 @@ def stage_grid(rows, npanels, cap, nthr):
 @kernel(internal=True)
 def task_tile(t, groups, mc, rows, npanels):
     """Task t of a GEMM stage split into (row block of mc rows) x (one of ``groups`` groups
-    of NR-wide column panels): its rows r0:r1 and panels p0:p1. Splitting by columns too
+    of NR-wide column panels): the Tile of its rows and panels.  Splitting by columns too
     keeps both cores busy when there are fewer row blocks than threads."""
     r0 = (t // groups) * mc
     g = t % groups
-    return r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups
+    return Tile(r0, min(rows, r0 + mc), g * npanels // groups, (g + 1) * npanels // groups)
 
 
 @kernel(internal=True)

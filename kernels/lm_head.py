@@ -9,11 +9,11 @@ One compiled call (``head_parallel``, or ``head_serial`` with the same sums) run
 
   1. LN_f over the rows, a slice of rows per thread, into a (rows, d) scratch;
   2. the GEMM, in tasks of (a row block of at most HEAD_ROWS rows) x (a group of
-     HEAD_PANELS column panels).  At GPT-2's size E^T is 147 MiB of float32, far past
-     every cache: each row block streams all of it once, so the row blocks are large
-     (a 512-row block does ~200 FLOPs per byte of E read), and the panels are grouped
-     so that gemm_panels prefetches the next panel's slice while one is in use.  With
-     ~100 groups per row block the two threads stay balanced under dynamic scheduling.
+     HEAD_PANELS column panels: tiles.py).  At GPT-2's size E^T is far past every cache:
+     each row block streams all of it once, so the row blocks are large, and the panels
+     are grouped so that gemm_panels prefetches the next panel's slice while one is in
+     use; a vocabulary makes many groups a row block, which keep the threads balanced
+     under dynamic scheduling.
 
 Each logit is written by exactly one task, with a fixed summation order (k blocks of KC),
 so the result does not depend on the schedule.
@@ -24,15 +24,13 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .gemm import KC, gemm_block, pack_b, packed_size, panel_width
+from .gemm import gemm_block, pack_b, packed_matrix, packed_size, panel_width
 from .layout import ceil_div, panels
-from .options import serial_and_parallel
+from .options import kernel
+from .records import Rows, Tile
 from .simd import panel_lanes
 from .stages import layernorm_piece
-
-HEAD_ROWS = 512     # rows per task at most: the A slice (512 x KC, 256 KiB) and the C panel
-                    # (512 x NR, 128 KiB) stay in L2 while a panel's slices pass
-HEAD_PANELS = 8     # column panels per task: 512 columns (avx512, float32), 98 groups for GPT-2
+from .tiles import HEAD_PANELS, HEAD_ROWS
 
 
 def pack_head(E: np.ndarray, dtype) -> np.ndarray:
@@ -49,8 +47,9 @@ def pack_head(E: np.ndarray, dtype) -> np.ndarray:
     return flat
 
 
+@kernel(inline="always")
 def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
-    """out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
+    """The body of head_serial and head_parallel: out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
     of LN_f (2d); Ep: pack_head's panels; out: the flat (rows, vocab) logits.  in_place:
     LN_f(X) is written over X (scratch of the caller's: a decode step then allocates
     nothing), else into a new buffer.  nthr: the threads the tasks are sized for (an
@@ -65,9 +64,18 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     for t in prange(nrb * groups):
         r0 = (t // groups) * mc
         p0 = (t % groups) * HEAD_PANELS
-        gemm_block(xn, 0, d, r0, min(rows, r0 + mc), Ep, 0, d, vocab, p0, min(npn, p0 + HEAD_PANELS),
-                   out, 0, vocab, False, KC, -1)
+        gemm_block(xn, Rows(0, d), Ep, packed_matrix(Ep, 0, d, vocab), out, Rows(0, vocab),
+                   Tile(r0, min(rows, r0 + mc), p0, min(npn, p0 + HEAD_PANELS)), False, -1)
 
 
 # standalone: kernels.decode calls them by address (their prange loops compile once)
-head_serial, head_parallel = serial_and_parallel(_head, "head", standalone=True, readonly=("P", "Ep"))
+@kernel(standalone=True, readonly=("P", "Ep"))
+def head_serial(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
+    """_head compiled without threads (sized for nthr = 1)."""
+    _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr)
+
+
+@kernel(standalone=True, readonly=("P", "Ep"), parallel=True)
+def head_parallel(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
+    """_head with its prange loops on Numba's threads."""
+    _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr)

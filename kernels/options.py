@@ -3,7 +3,6 @@
 import functools
 import hashlib
 import importlib
-import types as pytypes
 
 import llvmlite.binding as llvm
 import llvmlite.ir as llvmir
@@ -109,25 +108,6 @@ def kernel(fn=None, readonly=(), standalone=False, internal=False, **options):
             disp.enable_caching()
         return disp
     return wrap(fn) if fn is not None else wrap
-
-
-def serial_and_parallel(fn, name, calls=None, loops=True, **options):
-    """Two kernels of one body, ``{name}_serial`` and ``{name}_parallel`` (prange a plain
-    loop in the first).  Numba names its cache files after the function's qualified name,
-    so each copy gets its own; otherwise the two builds would overwrite each other's
-    cache entries.  calls: {global name: (serial kernel, parallel kernel)}, the kernels
-    each copy calls under that name (a parallel body's serial twin calls serial code);
-    loops=False: the body has no prange of its own (both copies serial code that call
-    the kernels of ``calls``).  options: kernel()'s."""
-    def copy(suffix, parallel):
-        names = dict(fn.__globals__)
-        for key, pair in (calls or {}).items():
-            names[key] = pair[parallel]
-        f = pytypes.FunctionType(fn.__code__, names, f"{name}_{suffix}", fn.__defaults__, fn.__closure__)
-        f.__qualname__ = f.__name__
-        f.__doc__ = fn.__doc__
-        return kernel(f, parallel=parallel and loops, **options)
-    return copy("serial", False), copy("parallel", True)
 
 
 def _symbol(module, qualname, argtypes):

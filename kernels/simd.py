@@ -31,9 +31,10 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 from .isa import PATH
+from .tiles import NV
 
 VECTOR_BYTES = PATH.vector_bytes
-PANEL_VECTORS = PATH.nv          # vectors per micro-tile row (gemm.NV)
+PANEL_VECTORS = NV               # vectors per micro-tile row
 # a target without an FMA instruction (the x86-64 baseline of the generic path) gets a
 # multiply and an add (llvm.fmuladd) instead of a libm call per lane
 _FMA = "fma" if PATH.fma else "fmuladd"

@@ -10,30 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import bias_act_rows
-from .attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import KC, KC_ONE, gemm_block, gemm_panels
+from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
+from .gemm import gemm_block, gemm_panels, packed_matrix
 from .layernorm import layernorm_rows
 from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
                      weight_layout)
 from .options import borrowed, keep_alive, kernel
+from .records import KV, Att, FlashWork, Panels, Rows, Tile
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
-
-# tile sizes (rows are tokens of all sequences together, except in attention); the
-# measurements behind each are in docs/perf-log.md
-MC = 192      # rows per QKV / W_O task at most (rows_per_task balances them): each task
-              # streams all of W_qkv or W_o, so more rows read them less often, while the
-              # 384 KiB+ A block still fits L2
-BQ = 384      # queries per attention task, in sub-tiles of attention.QSUB (a multiple of 6)
-BK = 256      # keys per attention tile, a multiple of NR on every path and dtype (more keys
-              # amortise the per-row softmax bookkeeping)
-MF = 192      # rows per FFN task at most: every task streams all of W_1 and W_2 (19 MiB
-              # at d_model=768, from L3), so more rows per task mean fewer passes over them
-FF_CHUNK = KC_ONE  # hidden columns per FFN step, a multiple of KC and NR on every path:
-              # the 192 x 256 chunk (192 KiB) stays in L2, where a whole (192, d_ff) hidden
-              # tile spilled to L3; with one row tile, the same k blocks as ffn_down_task's
-# attention runs per query without tiles (attention_rows_direct) when T*T*d_k is at most
-# this: below it, packing and tiles cost more than the whole untiled loop
-DIRECT_MAX = 8192
+from .tiles import BK, BQ, FF_CHUNK, QSUB
 
 
 @kernel(readonly=("X", "P"), internal=True)
@@ -76,12 +61,12 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     for c0 in range(0, dff, ch):
         cw = min(ch, dff - c0)
         # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        gemm_block(X, x_off, d, 0, m, Wf, o_1, d, dff, c0 // NR, panels(c0 + cw, NR),
-                   hid, -c0, ldh, False, KC, -1)
+        gemm_block(X, Rows(x_off, d), Wf, packed_matrix(Wf, o_1, d, dff), hid, Rows(-c0, ldh),
+                   Tile(0, m, c0 // NR, panels(c0 + cw, NR)), False, -1)
         bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
-        gemm_panels(hid, 0, ldh, 0, m, Wf, o_2 + c0 * NR, dff * NR, cw, d, 0, panels(d, NR),
-                    out, out_off, d, True, KC, -1)
+        gemm_panels(hid, Rows(0, ldh), Wf, Panels(o_2 + c0 * NR, dff * NR, cw, d), out, Rows(out_off, d),
+                    Tile(0, m, 0, panels(d, NR)), True, -1)
     keep_alive(own)
 
 
@@ -89,64 +74,75 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
     r0, r1 = row_piece(t, pieces, rows)
-    layernorm_rows(X, r0 * d, d, Y, r0 * d, d, r1 - r0, d, P, g_off, b_off, eps)
+    layernorm_rows(X, Rows(r0 * d, d), Y, Rows(r0 * d, d), r1 - r0, d, P, g_off, b_off, eps)
 
 
-@kernel(readonly=("X", "Wf"), standalone=True, internal=True)
-def ffn_up_task(X, rows, d, dff, Wf, act, hid, ldh, p):
+@kernel(readonly=("Wf",), standalone=True, internal=True)
+def ffn_up_task(Wf, dims, rows, bufs, p):
     """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
-    act(X @ W_1[:, panel p] + b1), X (rows, d) at offset 0, hid of row stride ldh."""
+    act(xn @ W_1[:, panel p] + b1), xn (rows, d), hid of row stride ldh (bufs: Output)."""
     NR = panel_lanes(Wf)
+    d, dff = dims.d, dims.dff
     layout = weight_layout(d, dff, NR)
     o_1, o_b1 = layout[2], layout[4]
-    gemm_block(X, 0, d, 0, rows, Wf, o_1, d, dff, p, p + 1, hid, 0, ldh, False, KC, -1)
+    gemm_block(bufs.xn, Rows(0, d), Wf, packed_matrix(Wf, o_1, d, dff), bufs.hid, Rows(0, bufs.ldh),
+               Tile(0, rows, p, p + 1), False, -1)
     c0 = p * NR
-    bias_act_rows(hid, c0, ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, act)
+    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, dims.act)
 
 
-@kernel(readonly=("hid", "Wf"), standalone=True, internal=True)
-def ffn_down_task(hid, ldh, rows, d, dff, Wf, out, p):
+@kernel(readonly=("Wf",), standalone=True, internal=True)
+def ffn_down_task(Wf, dims, rows, bufs, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
-    out[:, panel p] += b2 + hid @ W_2[:, panel p].  The same sums, in the same order
-    (b2 first, then k blocks of KC), as ffn_tile's chunks."""
+    out[:, panel p] += b2 + hid @ W_2[:, panel p] (bufs: Output).  The same sums, in the
+    same order (b2 first, then k blocks of KC), as ffn_tile's chunks."""
     NR = panel_lanes(Wf)
+    d, dff, out = dims.d, dims.dff, bufs.out
     layout = weight_layout(d, dff, NR)
     o_2, o_b2 = layout[3], layout[5]
     c0 = p * NR
     n = min(d, c0 + NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_block(hid, 0, ldh, 0, rows, Wf, o_2, dff, d, p, p + 1, out, 0, d, True, KC, -1)
+    gemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, packed_matrix(Wf, o_2, dff, d), out, Rows(0, d),
+               Tile(0, rows, p, p + 1), True, -1)
 
 
-@kernel(readonly=("X", "H", "Wf"), standalone=True, internal=True)
-def out_proj_task(X, ldx, H, Wf, o_o, o_bo, d, r0, r1, p0, p1, out):
-    """Task of stage 3: rows r0..r1, panels p0..p1 of out = H + X @ W_O + b_o; X: the
-    heads' outputs, row stride ldx (the residual is the GEMM's initial C)."""
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def out_proj_task(H, Wf, dims, tile, bufs):
+    """Task of stage 3: the tile of out = H + q @ W_O + b_o, q the heads' outputs (bufs:
+    Output; the residual is the GEMM's initial C)."""
     NR = panel_lanes(Wf)
-    c0 = p0 * NR
-    c1 = min(d, p1 * NR)
-    for r in range(r0, r1):
-        copy_add(H, r * d + c0, out, r * d + c0, c1 - c0, Wf, 0, False)
-    gemm_block(X, 0, ldx, r0, r1, Wf, o_o, d, d, p0, p1, out, 0, d, True, KC, o_bo)
+    d = dims.d
+    layout = weight_layout(d, dims.dff, NR)
+    o_o, o_bo = layout[1], layout[11]
+    c0 = tile.p0 * NR
+    c1 = min(d, tile.p1 * NR)
+    for r in range(tile.i0, tile.i1):
+        copy_add(H, r * d + c0, bufs.out, r * d + c0, c1 - c0, Wf, 0, False)
+    gemm_block(bufs.q, Rows(0, bufs.ldq), Wf, packed_matrix(Wf, o_o, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_input_task(out, xn, t, pieces, rows, d, Wf, o_g, o_be, eps, pre_ln):
+def ffn_input_task(Wf, dims, t, pieces, rows, bufs):
     """Piece t of the FFN's input when its stages are split by columns: xn = LN(out) for
-    the piece's rows; Post-LN also puts that H_mid = LN1(H + A_out) back into out, the
-    FFN's residual."""
-    layernorm_piece(out, xn, t, pieces, rows, d, Wf, o_g, o_be, eps)
-    if not pre_ln:
+    the piece's rows (LN2 of H_mid Pre-LN, LN1 of H + A_out Post-LN); Post-LN also puts
+    that H_mid = LN1(H + A_out) back into out, the FFN's residual (bufs: Output)."""
+    d = dims.d
+    layout = weight_layout(d, dims.dff, panel_lanes(Wf))
+    o_g, o_be = (layout[8], layout[9]) if dims.pre_ln else (layout[6], layout[7])
+    layernorm_piece(bufs.out, bufs.xn, t, pieces, rows, d, Wf, o_g, o_be, dims.eps)
+    if not dims.pre_ln:
         r0, r1 = row_piece(t, pieces, rows)
-        copy_add(xn, r0 * d, out, r0 * d, (r1 - r0) * d, Wf, 0, False)
+        copy_add(bufs.xn, r0 * d, bufs.out, r0 * d, (r1 - r0) * d, Wf, 0, False)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
+def ffn_rows_task(Wf, dims, out, r0, r1):
     """Stage 4 for rows r0..r1, the residual and LayerNorms fused: out holds H_mid (Pre-LN)
     or H + A_out (Post-LN) and gets the block's output."""
     m = r1 - r0
+    d, dff, pre_ln, eps = dims.d, dims.dff, dims.pre_ln, dims.eps
     NR = panel_lanes(Wf)
     o_g1, o_be1, o_g2, o_be2 = weight_layout(d, dff, NR)[6:10]
     # the FFN reads LN2(H_mid) (Pre-LN) or H_mid = LN1(H + A_out) (Post-LN), from xn: ffn_tile
@@ -154,12 +150,12 @@ def ffn_rows_task(out, r0, r1, d, dff, Wf, act, pre_ln, eps):
     o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
     own = np.empty(m * d, dtype=out.dtype)
     xn = borrowed(own)
-    layernorm_rows(out, r0 * d, d, xn, 0, d, m, d, Wf, o_g, o_be, eps)
+    layernorm_rows(out, Rows(r0 * d, d), xn, Rows(0, d), m, d, Wf, o_g, o_be, eps)
     if not pre_ln:
         copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)      # H_mid is also the residual
-    ffn_tile(xn, 0, m, d, dff, Wf, act, out, r0 * d, True)
+    ffn_tile(xn, 0, m, d, dff, Wf, dims.act, out, r0 * d, True)
     if not pre_ln:
-        layernorm_rows(out, r0 * d, d, out, r0 * d, d, m, d, Wf, o_g2, o_be2, eps)
+        layernorm_rows(out, Rows(r0 * d, d), out, Rows(r0 * d, d), m, d, Wf, o_g2, o_be2, eps)
     keep_alive(own)
 
 
@@ -229,19 +225,24 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
                     vstore_n(Vp, row + c, zero, ldv - c)
 
 
-@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, r1, p0, p1,
-             q, ldq, kt, vp, packed):
-    """Task of stage 1: [LN1 of] rows r0..r1 of H times panels p0..p1 of [W_q W_k W_v],
-    plus [b_q b_k b_v] (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR)).
+@kernel(readonly=("Wf",), standalone=True, internal=True)
+def qkv_task(Wf, dims, tile, bufs):
+    """Task of stage 1: [LN1 of] the tile's rows of X times its panels of [W_q W_k W_v],
+    plus [b_q b_k b_v] (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR));
+    bufs: Attend (X, and LN1 here when bufs.ln).
 
     With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
     layouts attention reads (K^T panels in kt, per-head rows in vp), through a scratch
     of the task's rows and panels, still in L2: the (rows, 3d) projection buffer and a
-    separate pass that packed K and V out of it are never needed (at d_model=768, T=4096
-    they were 60 MiB of the peak).  Without it (tiny sequences, attention_direct_task),
-    Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d."""
+    separate pass that packed K and V out of it are never needed (at long T they were
+    most of the peak memory).  Without it (tiny sequences, attention_direct_task), Q, K
+    and V are columns 0, d and 2d of q, row stride ldq = 3d."""
     NR = panel_lanes(Wf)
+    T, d, n_heads = dims.T, dims.d, dims.n_heads
+    r0, r1, p0, p1 = tile
+    H, q, ldq, packed = bufs.X, bufs.q, bufs.ldq, bufs.packed
+    layout = weight_layout(d, dims.dff, NR)
+    o_qkv, o_g1, o_be1, o_bqkv = layout[0], layout[6], layout[7], layout[10]
     npd = panels(d, NR)
     wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
     bsz = bias_len(d, NR)                       # and so do their biases
@@ -249,13 +250,13 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
     dk = d // n_heads
     # scratch (LN1's rows; S, for the K or the V panels, the wider) through views that
     # count no references (options.borrowed); none unused (a decode step allocates nothing)
-    own_a = np.empty(m * d, dtype=H.dtype) if pre_ln else q[:0]
+    own_a = np.empty(m * d, dtype=H.dtype) if bufs.ln else q[:0]
     ns = max(min(p1, 2 * npd) - max(p0, npd), min(p1, 3 * npd) - max(p0, 2 * npd), 0) if packed else 0
     own_s = np.empty(m * ns * NR, dtype=H.dtype) if ns > 0 else q[:0]
     S = borrowed(own_s)
-    if pre_ln:
+    if bufs.ln:
         A = borrowed(own_a)
-        layernorm_rows(H, r0 * d, d, A, 0, d, m, d, Wf, o_g1, o_be1, eps)
+        layernorm_rows(H, Rows(r0 * d, d), A, Rows(0, d), m, d, Wf, o_g1, o_be1, dims.eps)
         a_off = 0
     else:
         A = H
@@ -265,17 +266,17 @@ def qkv_task(H, Wf, o_qkv, o_g1, o_be1, o_bqkv, pre_ln, eps, T, d, n_heads, r0, 
         b = min(p1, (j + 1) * npd) - j * npd
         if a >= b:
             continue
+        W = packed_matrix(Wf, o_qkv + j * wsz, d, d)
         if j == 0 or not packed:
-            gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b,
-                       q, r0 * ldq + (0 if packed else j * d), ldq, False, KC, o_bqkv + j * bsz)
+            gemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
+                       False, o_bqkv + j * bsz)
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        gemm_block(A, a_off, d, 0, m, Wf, o_qkv + j * wsz, d, d, a, b, S, -a * NR, lds, False, KC,
-                   o_bqkv + j * bsz)
+        gemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, o_bqkv + j * bsz)
         if j == 1:
-            store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, kt)
+            store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, bufs.kt)
         else:
-            store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, vp)
+            store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, bufs.vp)
     keep_alive(own_a, own_s)
 
 
@@ -304,17 +305,20 @@ def attention_work(m, keys, dk, NR, itemsize):
 
 
 @kernel(standalone=True, internal=True)
-def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T, work, w_pos):
+def attention_task(q, ldq, dims, t, kv, work, w_pos):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
     is q.flat[(b*T + i)*ldq + h*d_k ...], and the head's output goes over those Q
-    columns.  K and V are packed in kt and vp (attention_buffers; a KVCache holds them
-    the same way, for max_T tokens a head): the T rows are tokens past..past+T-1, and
-    attend over keys 0..past+T-1 (past = 0, max_T = T without a cache).  Tasks are numbered
-    head by head, and within a (sequence, head) costly-first: its last query tile (most
-    keys under a causal mask) first.  So the threads work on the same head at once and
-    share its K and V (2 MiB at T=4096) in L3, where threads on different heads would
-    compete for it (docs/perf-log.md).  Scratch: task t's attention_work at w_pos + t
-    times that of a tile of min(T, BQ) queries in ``work``, or new arrays (work empty)."""
+    columns.  K and V are packed in kv.K and kv.V (a Cache: attention_buffers, or a
+    KVCache's, which holds them the same way for max_T tokens a head): the T rows are
+    tokens past..past+T-1, and attend over keys 0..past+T-1 (past = 0, max_T = T without
+    a cache).  Tasks are numbered head by head, and within a (sequence, head)
+    costly-first: its last query tile (most keys under a causal mask) first.  So the
+    threads work on the same head at once and share its K and V in L3, where threads on
+    different heads would compete for it (docs/perf-log.md).  Scratch: task t's
+    attention_work at w_pos + t times that of a tile of min(T, BQ) queries in ``work``, or
+    new arrays (work empty)."""
+    kt, vp, past, max_T = kv
+    T, d, n_heads = dims.T, dims.d, dims.n_heads
     NR = panel_lanes(kt)
     dk = d // n_heads
     ktn = kt_len(max_T, dk, NR)
@@ -337,39 +341,42 @@ def attention_task(q, ldq, T, d, n_heads, causal, t, kt, vp, past, max_T, work, 
     mrow, pos = take_f64(work, pos, m)
     lrow, pos = take_f64(work, pos, m)
     # flash_rows numbers queries by token: row i of this sequence is token past + i
-    flash_rows(q, ldq, (b * T - past) * ldq + h * dk, keys, dk, kt, bh * ktn, vp, bh * max_T * ldv, ldv,
-               past + q0, past + q1, causal, 1.0 / np.sqrt(dk), bk, Qt, S, O, mrow, lrow,
-               q, (b * T + q0) * ldq + h * dk, ldq)
+    flash_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), kt, vp, KV(bh * ktn, bh * max_T * ldv, ldv),
+               Att(past + q0, past + q1, keys, dk, dims.causal, 1.0 / np.sqrt(dk), bk),
+               FlashWork(Qt, S, O, mrow, lrow), q, Rows((b * T + q0) * ldq + h * dk, ldq))
 
 
 @kernel(standalone=True, internal=True)
-def attention_direct_task(qkv, T, d, n_heads, causal, t, srow):
+def attention_direct_task(qkv, dims, t, srow):
     """Stage 2 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
     computes each query's row completely before writing it, from its own Q).
     qkv: (B*T, 3d) rows [Q | K | V].  srow: float64 scratch, T elements per task."""
+    T, d, n_heads = dims.T, dims.d, dims.n_heads
     dk = d // n_heads
     ld = 3 * d
     b = t // n_heads
     h = t % n_heads
     base = b * T * ld + h * dk
-    attention_rows_direct(qkv, ld, base, base + d, base + 2 * d, T, dk, causal, 1.0 / np.sqrt(dk),
-                          srow[t * T:(t + 1) * T], qkv, base, ld)
+    attention_rows_direct(qkv, ld, (base, base + d, base + 2 * d), Att(0, T, T, dk, dims.causal, 1.0 / np.sqrt(dk), 0),
+                          srow[t * T:(t + 1) * T], qkv, Rows(base, ld))
 
 
 @kernel(standalone=True, internal=True)
-def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
+def cache_rows_task(qkv, dims, t, cache):
     """Keys and values of the T new rows of head h = t % n_heads of sequence
     b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
     past..past+T-1: K^T panels (head after head, kt_len(max_T) apart) and V rows of
     v_stride (max_T rows a head), the layouts attention_task reads."""
+    Kc, Vc, past, max_T = cache
+    T, d = dims.T, dims.d
     NR = panel_lanes(Kc)
     W = lanes(Kc)
-    dk = d // n_heads
+    dk = d // dims.n_heads
     ld = 3 * d
     ldv = v_stride(dk, NR)
-    b = t // n_heads
-    h = t % n_heads
+    b = t // dims.n_heads
+    h = t % dims.n_heads
     kt = t * kt_len(max_T, dk, NR)
     for i in range(T):
         src = (b * T + i) * ld + h * dk
@@ -383,13 +390,15 @@ def cache_rows_task(qkv, T, d, n_heads, t, Kc, Vc, past, max_T):
 
 
 @kernel(standalone=True, internal=True)
-def cache_packed_task(kt, vp, T, d, n_heads, t, Kc, Vc, max_T):
+def cache_packed_task(kt, vp, dims, t, cache):
     """Task t's keys and values of a first chunk, packed by stage 1 (attention_buffers:
     the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
     contiguous copies."""
+    Kc, Vc, _, max_T = cache
+    T = dims.T
     NR = panel_lanes(kt)
     W = lanes(Kc)
-    dk = d // n_heads
+    dk = dims.d // dims.n_heads
     ktn = kt_len(T, dk, NR)
     ldv = v_stride(dk, NR)
     src, dst = t * ktn, t * kt_len(max_T, dk, NR)

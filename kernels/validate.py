@@ -6,8 +6,7 @@ from numba import njit
 
 from .options import JIT, kernel
 from .simd import panel_lanes, pload, psplat, vadd, vhsum, vmul
-
-FINITE_BLOCK = 4096     # elements summed between two looks at the sum (all_finite_flat)
+from .tiles import FINITE_BLOCK
 
 
 @njit(cache=JIT["cache"], nogil=True)     # no fast-math: the check is about NaN and Inf

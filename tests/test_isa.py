@@ -15,9 +15,10 @@ import pytest
 from conftest import proc
 
 import tblock
-from tblock.kernels import isa
-from tblock.kernels.gemm import KC, NV, panel_width
+from tblock.kernels import isa, tiles
+from tblock.kernels.gemm import panel_width
 from tblock.kernels.simd import lanes, panel_lanes
+from tblock.kernels.tiles import BK, FF_CHUNK, KC, MR, NV
 from numba import njit
 
 pytestmark = pytest.mark.isa
@@ -59,16 +60,29 @@ def test_vector_width_and_micro_tile_follow_the_path(dtype):
     assert NR == NV * W == panel_width(dtype)
     # registers the micro-kernel keeps live: 6 NV accumulators, NV for B, 1 broadcast
     regs = {"avx512": 32, "avx2": 16, "generic": 32 if NV == 4 else 16}[isa.PATH.name]
-    assert isa.MR * NV + NV + 1 <= regs
+    assert MR * NV + NV + 1 <= regs
     # FF_CHUNK is a multiple of KC, and a KC x NR slice of B fits in two thirds of L1
-    from tblock.kernels.stages import BK, FF_CHUNK
     assert FF_CHUNK % KC == 0 and BK % NR == 0
-    assert KC == 64 or 3 * KC * NR * np.dtype(dtype).itemsize <= 2 * isa._l1d_bytes()
+    assert KC == 64 or 3 * KC * NR * np.dtype(dtype).itemsize <= 2 * isa.PATH.l1d
 
 
 def test_path_key_names_everything_compiled_code_depends_on():
+    """The cache key names the path and every fact the tiles are sized by: the same key,
+    the same micro-tile and KC."""
     p = isa.PATH
-    assert p.key == f"{p.name}-v{p.vector_bytes}-{isa.MR}x{p.nv}-kc{p.kc}"
+    assert p.key == f"{p.name}-v{p.vector_bytes}-{p.arch}-l1d{p.l1d}"
+    assert (tiles.micro_tile_vectors(p), tiles.k_block(p.vector_bytes, NV, p.l1d)) == (NV, KC)
+
+
+def test_the_tile_table_sizes_every_path():
+    """tiles.py's micro-tile per path (the register file's room: MR * NV accumulators, a
+    row of B and a broadcast) and KC's rule: 128 in a 48 KiB L1 on avx512, 256 in 32 KiB
+    on avx2, never past 256 or under 64."""
+    regs = {"avx512": 32, "avx2": 16, "generic": 16}
+    for name, nv in tiles.NV_BY_PATH.items():
+        assert MR * nv + nv + 1 <= regs[name]
+    assert tiles.k_block(64, 4, 48 * 1024) == 128 and tiles.k_block(32, 2, 32 * 1024) == 256
+    assert tiles.k_block(64, 4, 4 * 1024) == 64 and tiles.k_block(16, 2, 1 << 20) == 256
 
 
 def test_without_avx512_turns_off_every_avx512_feature():

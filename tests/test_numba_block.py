@@ -257,7 +257,7 @@ def test_block_the_same_for_any_thread_count(case, T, nthr, dtype):
     H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
     _, flat, scalars, *_ = nb.packing.make_plan(random_weights(cfg, seed), cfg, H.dtype)
     want = np.empty_like(H)
-    bad = block_serial(H, flat, want, T, cfg.d_model, *scalars, 1)
-    got, bad_too = block_parallel(H, flat, T, cfg.d_model, *scalars, nthr)
+    bad = block_serial(H, flat, want, scalars, 1)
+    got, bad_too = block_parallel(H, flat, scalars, nthr)
     assert bad == bad_too == -1 and got.shape == H.shape
     assert rel_err(got, want) <= (F64_TOL if dtype == np.float64 else F32_TOL)

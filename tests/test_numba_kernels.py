@@ -12,15 +12,16 @@ import tblock
 from tblock.backends import numpy as oracle
 from tblock.kernels import isa
 from tblock.kernels.activations import ACTIVATION_CODES, bias_act_rows
-from tblock.kernels.attention import QSUB, attention_rows_direct, flash_rows, pack_kt, pack_rows
-from tblock.kernels.gemm import KC
-from tblock.kernels.stages import BK, store_kt, store_v
+from tblock.kernels.attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
 from tblock.kernels.gemm import gemm_block, gemm_panels, pack_b, packed_size, panel_width
 from tblock.kernels.layernorm import layernorm_rows
 from tblock.kernels.options import JIT
+from tblock.kernels.records import KV, Att, FlashWork, Panels, Rows, Tile
 from tblock.kernels.simd import lanes, panel_lanes, vexp, vexp2, vload_n, vstore_n
 from tblock.kernels.softmax import masked_softmax_rows
-from tblock.kernels.validate import FINITE_BLOCK, all_finite_flat
+from tblock.kernels.stages import store_kt, store_v
+from tblock.kernels.tiles import BK, FINITE_BLOCK, QSUB
+from tblock.kernels.validate import all_finite_flat
 
 pytestmark = pytest.mark.isa
 
@@ -84,8 +85,8 @@ def test_gemm_block_matches_numpy(M, K, N, dtype, with_bias):
             want = C.copy()
             prod = A[i0:i1, :K].astype(np.float64) @ B[:, c0:c1].astype(np.float64) + bias[c0:c1]
             want[i0:i1, c0:c1] = prod + (want[i0:i1, c0:c1] if accumulate else 0)
-            gemm_block(A.reshape(-1), 0, K + 3, i0, i1, Bp, 0, K, N, p0, p1, C.reshape(-1), 0, N + 5,
-                       accumulate, KC, size if with_bias else -1)
+            gemm_block(A.reshape(-1), Rows(0, K + 3), Bp, Panels(0, K * NR, K, N), C.reshape(-1), Rows(0, N + 5),
+                       Tile(i0, i1, p0, p1), accumulate, size if with_bias else -1)
             tol = 1e-12 if dtype == np.float64 else 1e-5
             np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(K))
 
@@ -103,8 +104,8 @@ def test_gemm_panels_reads_a_band_of_rows(dtype):
     for k0, kb in [(0, 256), (256, 256), (512, 88), (5, 3)]:
         A = rng.standard_normal((M, kb)).astype(dtype)
         C = np.zeros((M, N), dtype)
-        gemm_panels(A.reshape(-1), 0, kb, 0, M, Bp, k0 * NR, Kfull * NR, kb, N, 0, -(-N // NR),
-                    C.reshape(-1), 0, N, False, KC, -1)
+        gemm_panels(A.reshape(-1), Rows(0, kb), Bp, Panels(k0 * NR, Kfull * NR, kb, N), C.reshape(-1), Rows(0, N),
+                    Tile(0, M, 0, -(-N // NR)), False, -1)
         want = A.astype(np.float64) @ B[k0:k0 + kb].astype(np.float64)
         tol = 1e-12 if dtype == np.float64 else 1e-5
         np.testing.assert_allclose(C, want, rtol=tol, atol=tol * np.sqrt(kb))
@@ -183,7 +184,7 @@ def test_layernorm_rows_matches_oracle_and_constant_rows_stay_finite(dtype):
         b = rng.standard_normal(d).astype(dtype)
         P = np.concatenate([g, b])
         Y = np.empty_like(X)
-        layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, 5, d, P, 0, d, 1e-5)
+        layernorm_rows(X.reshape(-1), Rows(0, d), Y.reshape(-1), Rows(0, d), 5, d, P, 0, d, 1e-5)
         assert np.isfinite(Y).all()
         want = oracle.layernorm(X.astype(np.float64), g.astype(np.float64), b.astype(np.float64), 1e-5)
         tol = 2e-5 if dtype == np.float32 else 1e-12
@@ -249,7 +250,7 @@ def test_direct_attention_matches_oracle(causal, T, dk, dtype):
     kernels.block.DIRECT_MAX)."""
     X, ld, Q, K, V = head_rows(np.random.default_rng(4), T, dk, dtype)
     out = np.full(T * dk, np.nan, dtype=dtype)
-    attention_rows_direct(X, ld, 0, dk, 2 * dk, T, dk, causal, 0.3, np.empty(T), out, 0, dk)
+    attention_rows_direct(X, ld, (0, dk, 2 * dk), Att(0, T, T, dk, causal, 0.3, 0), np.empty(T), out, Rows(0, dk))
     tol = 1e-13 if dtype == np.float64 else 2e-6
     np.testing.assert_allclose(out.reshape(T, dk), attention_reference(Q, K, V, 0.3, causal),
                                rtol=tol, atol=tol)
@@ -274,9 +275,9 @@ def _tiled_head(X, ld, T, dk, causal, scale, out):
     pack_kt(X, dk, ld, T, dk, kt, 0)
     pack_rows(X, 2 * dk, ld, T, dk, vp, 0, ldv)
     bk = min(BK, (T + NR - 1) // NR * NR)
-    flash_rows(X, ld, 0, T, dk, kt, 0, vp, 0, ldv, 0, T, causal, scale, bk,
-               _guarded(T * dk, X.dtype), _guarded(min(T, QSUB) * bk, X.dtype), _guarded(T * ldv, X.dtype),
-               _guarded(T, np.float64), _guarded(T, np.float64), out, 0, dk)
+    work = FlashWork(_guarded(T * dk, X.dtype), _guarded(min(T, QSUB) * bk, X.dtype), _guarded(T * ldv, X.dtype),
+                     _guarded(T, np.float64), _guarded(T, np.float64))
+    flash_rows(X, Rows(0, ld), kt, vp, KV(0, 0, ldv), Att(0, T, T, dk, causal, scale, bk), work, out, Rows(0, dk))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -90,9 +90,9 @@ def versions() -> dict:
 
 def vector_path() -> dict:
     """The vector path tblock's kernels are compiled for (tblock.kernels.isa.PATH)."""
-    from ..kernels import isa
+    from ..kernels import isa, tiles
     p = isa.PATH
-    return {"name": p.name, "vector_bytes": p.vector_bytes, "nv": p.nv, "kc": p.kc, "cpu": p.cpu,
+    return {"name": p.name, "vector_bytes": p.vector_bytes, "nv": tiles.NV, "kc": tiles.KC, "cpu": p.cpu,
             "forced": p.forced, "runnable": list(p.runnable)}
 
 

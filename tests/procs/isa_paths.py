@@ -65,10 +65,11 @@ def narrow():
 def cached():
     from tblock.kernels import isa
     from tblock.kernels.layernorm import layernorm_rows
+    from tblock.kernels.records import Rows
     X = np.arange(24, dtype=np.float32)
     Y = np.empty_like(X)
     P = np.concatenate([np.ones(12, np.float32), np.zeros(12, np.float32)])
-    layernorm_rows(X, 0, 12, Y, 0, 12, 2, 12, P, 0, 12, 1e-5)
+    layernorm_rows(X, Rows(0, 12), Y, Rows(0, 12), 2, 12, P, 0, 12, 1e-5)
     s = layernorm_rows.stats
     print(json.dumps(dict(hits=sum(s.cache_hits.values()), misses=sum(s.cache_misses.values()),
                           path=str(s.cache_path), key=isa.PATH.key)))

@@ -53,8 +53,8 @@ def decode_step_outputs():
         H1 = np.random.default_rng(2).standard_normal((1, 1, 64)).astype(np.float32)
         H1.flags.writeable = False
         numba.set_num_threads(threads)
-        args = ((H1, nb.packing.packed(w, np.float32), 1, 64) + nb.packing.make_plan(w, cfg, np.float32)[2]
-                + nb.cached.cache_args(cache, nb.cached.ONE_BLOCK))
+        args = (H1, nb.packing.packed(w, np.float32), nb.packing.make_plan(w, cfg, np.float32)[2],
+                nb.cached.cache_args(cache, nb.cached.ONE_BLOCK))
         outs.append(cached_parallel(*args, 2)[0].copy())
     return outs
 

@@ -51,8 +51,8 @@ def layers_table(weights, caches, dtype) -> np.ndarray:
 
 
 def cache_args(cache, layers):
-    """The cached block's arguments after the config's: K, V, past, max_T, the table of
-    blocks, room for the stage plan, the work buffer."""
+    """The cached block's cache argument (kernels.block._cached's): K, V, past, max_T, the
+    table of blocks, room for the stage plan, the work buffer."""
     return (cache.K.reshape(-1), cache.V.reshape(-1), cache.length, cache.max_T, layers,
             np.empty((PLAN_ROWS, PLAN_COLS), np.intp), cache.work)
 
@@ -62,7 +62,7 @@ def run_cached(H, weights, cfg, cache, layers, fresh):
     decode step takes its scratch from cache.work; fresh: an output there is copied out."""
     _, flat, scalars, per_row, per_key = plan_of(weights, cfg, H.dtype)
     B, T, d = H.shape
-    args = (H, flat, T, d) + scalars + cache_args(cache, layers)
+    args = (H, flat, scalars, cache_args(cache, layers))
     if is_serial(cached_flops(B, T, cache.length, per_row, per_key)):
         out, bad = cached_serial(*args, 1)
     else:
@@ -99,8 +99,10 @@ class DecodeStep:
         self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
         self.vocab = E.shape[0]
         self.head_parallel = head_is_large(B, E.shape)
-        self._before = (self.ids, E, P, self.H, flat, d) + scalars
-        self._after = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
+        # decode_step's arguments but the cache's arrays and length, the logits and the builds
+        self._embed = (self.ids, E, P, self.H)
+        self._stack = (flat, scalars)
+        self._cache = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
         self._head = (ln_f, eps_f, head, self.vocab)
 
     def __reduce__(self):
@@ -143,8 +145,8 @@ class DecodeStep:
         # sized as run_cached and lm_head size their calls: the same builds, the same sums
         stack = not is_serial(cached_flops(self.batch, 1, past, self.per_row, self.per_key))
         head = self.head_parallel and _runtime.parallel_allowed()
-        args = (self._before + (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._after + (c0.work,)
-                + self._head + (logits, stack, head))
+        cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
+        args = (self._embed,) + self._stack + (cache, self._head, logits, (stack, head))
         if stack or head:
             return parallel_call(decode_step, *args, pass_threads=True)
         return decode_step(*args, 1)

@@ -12,13 +12,15 @@ from numba import njit, prange
 
 from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.block import attention_core
-from ...kernels.gemm import KC, gemm_block, panel_width
+from ...kernels.gemm import gemm_block, packed_matrix, panel_width
 from ...kernels.layernorm import layernorm_rows
 from ...kernels.layout import bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from ...kernels.options import JIT
+from ...kernels.records import Rows
 from ...kernels.simd import panel_lanes
 from ...kernels.softmax import masked_softmax_rows
-from ...kernels.stages import MC, MF, ffn_tile
+from ...kernels.stages import ffn_tile
+from ...kernels.tiles import MC, MF
 from ..components import ComponentSet, block_fn
 from .packing import packed
 from .parallel import parallel_call
@@ -35,8 +37,8 @@ def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, bias_off, nthr):
     npn = panels(N, panel_lanes(Wf))
     mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
     for t in prange(ntasks):
-        r0, r1, p0, p1 = task_tile(t, groups, mc, rows, npn)
-        gemm_block(A, 0, lda, r0, r1, Wf, b_off, K, N, p0, p1, C, 0, ldc, False, KC, bias_off)
+        gemm_block(A, Rows(0, lda), Wf, packed_matrix(Wf, b_off, K, N), C, Rows(0, ldc),
+                   task_tile(t, groups, mc, rows, npn), False, bias_off)
 
 
 @njit(parallel=True, **DRIVER_JIT)
@@ -60,7 +62,7 @@ def components(cfg, weights, dtype):
 
     def layernorm(X):
         Y = np.empty_like(X)
-        layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, X.shape[0], d, Wf, o_g1, o_be1, cfg.eps)
+        layernorm_rows(X.reshape(-1), Rows(0, d), Y.reshape(-1), Rows(0, d), X.shape[0], d, Wf, o_g1, o_be1, cfg.eps)
         return Y
 
     def softmax(S):

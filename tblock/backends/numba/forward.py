@@ -42,7 +42,7 @@ def forward_small(H, weights, cfg):
             or not H.dtype.isnative or not is_serial(forward_flops(B, T, per_row, per_key, scalars[2]))):
         return None
     out = np.empty(shape, H.dtype)
-    if block_serial(H, flat, out, T, d, *scalars, 1) >= 0:
+    if block_serial(H, flat, out, scalars, 1) >= 0:
         return None
     return out
 
@@ -61,7 +61,7 @@ def forward_batch(H, weights, cfg, trace):
     if is_serial(forward_flops(B, T, per_row, per_key, scalars[2])):
         # numpy's output array (a large block on one thread then holds it through the call)
         out = np.empty(H.shape, H.dtype)
-        bad = block_serial(H, flat, out, T, d, *scalars, 1)
+        bad = block_serial(H, flat, out, scalars, 1)
     else:
-        out, bad = parallel_call(block_parallel, H, flat, T, d, *scalars, pass_threads=True)
+        out, bad = parallel_call(block_parallel, H, flat, scalars, pass_threads=True)
     return (out, None) if bad < 0 else (None, None)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ...kernels.layernorm import layernorm_rows
+from ...kernels.records import Rows
 from ...kernels.softmax import masked_softmax_rows
 from ..numpy import head_mix, head_probs
 
@@ -34,7 +35,7 @@ def layernorm(X, P, eps):
     """Row LayerNorm of a (..., d) array; P = [gamma, beta]."""
     d = X.shape[-1]
     Y = np.empty_like(X)
-    layernorm_rows(X.reshape(-1), 0, d, Y.reshape(-1), 0, d, X.size // d, d, P, 0, d, eps)
+    layernorm_rows(X.reshape(-1), Rows(0, d), Y.reshape(-1), Rows(0, d), X.size // d, d, P, 0, d, eps)
     return Y
 
 

@@ -27,13 +27,13 @@ def warmup() -> None:
         w = init_weights(cfg, seed=0, dtype=dtype)
         H = np.zeros((1, 4, 8), dtype=dtype)
         H.flags.writeable = False          # the API hands backends read-only, aligned C arrays
-        args = (H, packed(w, dtype), 4, 8) + make_plan(w, cfg, dtype)[2]
+        args = (H, packed(w, dtype), make_plan(w, cfg, dtype)[2])
         for X in (H, H[0], H.copy(), H[0].copy()):  # the lane's: 2-D or 3-D, read-only or not
-            block_serial(X, args[1], np.empty(X.shape, dtype), *args[2:], 1)
+            block_serial(X, args[1], np.empty(X.shape, dtype), args[2], 1)
         if parallel:
             parallel_call(block_parallel, *args, pass_threads=True)
         cache = make_caches(cfg, 1, 5, 1, dtype)[0]
-        cached = args + cache_args(cache, ONE_BLOCK)
+        cached = args + (cache_args(cache, ONE_BLOCK),)
         cached_serial(*cached, 1)
         if parallel:
             parallel_call(cached_parallel, *cached, pass_threads=True)

@@ -1,0 +1,67 @@
+"""The records kernel calls pass: a few named tuples in place of dozens of positional arguments.
+
+Numba compiles a named tuple to a struct of its fields and passes a struct argument as
+its fields, so a record costs what its fields cost as arguments, and ``rec.field`` is a
+register.  A record is built where its fields are known and handed down unchanged; each
+is built with the same field types everywhere (ints, bools, floats, and arrays of one
+kind), so that a kernel is compiled once per dtype.  Records of arrays carry borrowed
+views (options.borrowed), whose reference counts cost nothing.
+
+Entry points called from Python take plain tuples in the same field order instead, and
+build the records inside: Numba's dispatcher types a plain tuple in C but a named one in
+Python, a per-call cost a small block would show.
+
+The GEMM's operands (gemm):
+
+    Rows(off, ld)            a row-major matrix in a flat array: (i, j) at off + i*ld + j
+    Panels(off, ld, k, n)    a packed (k, n) matrix (gemm.pack_b's panels of NR columns):
+                             row r of panel p at off + p*ld + r*NR
+    Tile(i0, i1, p0, p1)     rows i0:i1 by the column panels p0:p1 of a GEMM's C
+
+One head's attention (attention):
+
+    Att(q0, q1, keys, dk, causal, scale, bk)   queries q0:q1 over keys 0:keys (causal:
+                             query t sees keys <= t), head size dk, scores scaled by
+                             scale, key tiles of bk
+    KV(kt, v, ldv)           where a head's K^T panels (Kt[kt:]) and V rows (V[v:], ldv
+                             apart) start
+    FlashWork(Qt, S, O, mrow, lrow)   a query tile's scratch (attention.flash_rows)
+
+A block call (stages, block):
+
+    Dims(T, d, n_heads, dff, causal, pre_ln, act, eps)   the block's config and the
+                             call's sequence length T
+    Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
+    Cache(K, V, past, max_T) the keys and values attention reads: packed K^T and V for
+                             max_T tokens a head, past of them there before this call
+    Scratch(plan, work, slot, dest)   the stage plan, a work buffer (or empty), which of
+                             its two output buffers to use, the output's place (or empty)
+    Attend(...), Output(...) the buffers of the block's two halves (below)
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+Rows = namedtuple("Rows", "off ld")
+Panels = namedtuple("Panels", "off ld k n")
+Tile = namedtuple("Tile", "i0 i1 p0 p1")
+
+Att = namedtuple("Att", "q0 q1 keys dk causal scale bk")
+KV = namedtuple("KV", "kt v ldv")
+FlashWork = namedtuple("FlashWork", "Qt S O mrow lrow")
+
+Dims = namedtuple("Dims", "T d n_heads dff causal pre_ln act eps")
+Grid = namedtuple("Grid", "nthr mc groups")
+Cache = namedtuple("Cache", "K V past max_T")
+Scratch = namedtuple("Scratch", "plan work slot dest")
+
+# The attention half (stages 1-2): X, the projection's input (H, or LN1 of it); ln, whether
+# each projection task computes LN1 of its rows itself; q, Q rows of stride ldq (with K and
+# V beside them when not packed); kt, vp, K^T and V packed per head when packed; srow,
+# float64 scratch of the untiled attention; work, w_pos, the attention tasks' tiles.
+Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos")
+# The output half (stages 3-4): q (ldq), the heads' outputs; out, the block's output; xn,
+# the FFN's input and hid (ldh) its hidden layer when the FFN is split by columns; mf, rows
+# per FFN task when it is not.
+Output = namedtuple("Output", "q ldq out xn hid ldh mf")
