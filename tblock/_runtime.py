@@ -89,7 +89,7 @@ def _fork_locks() -> list:
     owners = [compiler.global_compiler_lock] if compiler is not None else []
     if ffi is not None and isinstance(getattr(ffi.lib, "_lock", None), ffi._LLVMLock):
         owners.append(ffi.lib._lock)
-    return owners
+    return [o for o in owners if not isinstance(o._lock, _CompileRefused)]    # refused here: stays so
 
 
 def _before_fork() -> None:
@@ -98,13 +98,15 @@ def _before_fork() -> None:
     for owner in _fork_locks():
         (_held.taken if owner._lock.acquire(timeout=FORK_WAIT_S) else _held.missed).append(owner)
     _lock.acquire()
+    _held.count_lock = _lock
 
 
 def _after_fork_in_parent() -> None:
-    _lock.release()
-    for owner in reversed(_held.taken):
+    if getattr(_held, "count_lock", None) is not None:
+        _held.count_lock.release()
+    for owner in reversed(getattr(_held, "taken", [])):
         owner._lock.release()
-    _held.taken = _held.missed = []
+    _held.taken, _held.missed, _held.count_lock = [], [], None
 
 
 def _after_fork_in_child() -> None:
@@ -113,11 +115,11 @@ def _after_fork_in_child() -> None:
     me = threading.get_ident()      # the forking thread's blocks are the only ones left here
     _open[:] = [b for b in _open if b[1] == me]
     _update()
-    for owner in reversed(_held.taken):
+    for owner in reversed(getattr(_held, "taken", [])):
         owner._lock.release()
-    for owner in _held.missed:      # held by a thread that is not here: refuse, never hang
+    for owner in getattr(_held, "missed", []):      # held by a thread not here: refuse, never hang
         owner._lock = _CompileRefused()
-    _held.taken = _held.missed = []
+    _held.taken, _held.missed, _held.count_lock = [], [], None
     parallel = sys.modules.get("numba.np.ufunc.parallel")
     if parallel is not None and parallel._is_initialized and sys.modules["numba"].threading_layer() == "omp":
         _serial_only = True
