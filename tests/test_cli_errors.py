@@ -87,3 +87,16 @@ def test_a_broken_tokenizer_json_is_one_line(checkpoint, tmp_path, capsys, conte
     rc, out, err = run(capsys, "generate", root, *prompt, "-n", 2, "--temperature", 0)
     one_line_error(rc, err, "generate", str(root / "tokenizer.json"), "not a tokenizers file")
     assert out == ""
+
+
+def test_a_truncated_checkpoint_is_one_line(checkpoint, tmp_path, capsys):
+    """Issue #31: a malformed checkpoint printed a traceback; the loader's error naming the
+    file is the whole message."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for f in checkpoint.iterdir():
+        data = f.read_bytes()
+        (root / f.name).write_bytes(data[:len(data) // 2] if f.suffix == ".safetensors" else data)
+    rc, out, err = run(capsys, "generate", root, "--ids", 1, "-n", 1)
+    one_line_error(rc, err, "generate", "model.safetensors")
+    assert out == ""

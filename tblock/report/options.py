@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="T up to 16*d_model at sqrt(2) steps, 7 repeats, larger budgets")
     p.set_defaults(mode="quick")
     p.add_argument("--threads", type=int, default=None,
-                   help="threads for numba, BLAS and torch (default: every core this process may use)")
+                   help="threads for numba, BLAS and torch, at most the cores this process may use "
+                        "(default: all of them)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (median reported)")
     p.add_argument("--point-budget", type=float, default=None,
                    help="seconds one backend may spend on one T; larger T are skipped once exceeded "
