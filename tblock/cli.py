@@ -14,8 +14,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="time every component of every backend over a T sweep; "
                                         "write report.md, report.json and plots",
-                         description="Worked example through every backend, GEMM ceilings, then every "
-                                     "component timed over a sweep of T: where attention overtakes the FFN.")
+                         description="Worked example through every backend, the machine's limits (FMA peak, "
+                                     "bandwidths; the BLAS's GEMM as a reference), then every component timed "
+                                     "over a sweep of T and placed under its roofline: where attention "
+                                     "overtakes the FFN.")
     from .report import add_arguments
     add_arguments(rep)
     les = sub.add_parser("lesson", help="Lesson 13's walk-through on its worked example beside the lesson's "

@@ -1,5 +1,6 @@
 """``tblock report``: FLOPs equal tblock.flops, the folder and its JSON round-trip, the
-plots are real PNGs, --compare reads two reports, and bad options write nothing."""
+plots are real PNGs, --compare reads two reports, and bad options write nothing (the
+limits and the roofline: tests/test_roofline.py)."""
 
 import dataclasses
 import json
@@ -170,8 +171,12 @@ def test_report_json_is_self_describing(tiny_report):
         assert m[key], key
     assert m["versions"]["numpy"] and m["versions"]["numba"]
     assert data["threads"]["requested"] >= 1
-    assert set(data["ceilings"]) == {"float32", "float64"}
-    assert all(c["gflops"] > 0 for c in data["ceilings"].values())
+    lim = data["limits"]
+    assert lim["isa"]["name"] == tblock.isa()
+    assert set(lim["peak"]) == set(lim["blas_gemm"]) == {"float32", "float64"}
+    assert all(p["gflops"] > 0 for p in lim["peak"].values())
+    assert all(g["gflops"] > 0 for g in lim["blas_gemm"].values())
+    assert lim["bandwidth"][-1]["name"] == "DRAM" and all(lv["read_GBs"] > 0 for lv in lim["bandwidth"])
     assert data["params"] == {"config": tblock.param_count(tblock.BlockConfig(d_model=16, n_heads=2)),
                               "toy": 808, "toy_ln_affine": 840}
     # every backend that runs here was swept, the numpy oracle always among them
@@ -186,7 +191,7 @@ def test_report_json_is_self_describing(tiny_report):
 
 def test_report_md_has_the_sections(tiny_report):
     md = (tiny_report / "report.md").read_text()
-    for heading in ("## Machine ceilings", "## Crossover", "## FLOPs per component", "## Backend `numpy`",
+    for heading in ("## Machine limits", "## Roofline", "## Crossover", "## FLOPs per component", "## Backend `numpy`",
                     "## Lesson 13 worked example", "## Plots"):
         assert heading in md
     assert "4·d_model" in md and "8·d_model" in md

@@ -53,6 +53,34 @@ def cpu_model() -> str:
     return cpu_info()["model"]
 
 
+def _cpu_count(cpu_list: str) -> int:
+    """CPUs in a /sys CPU list such as "0-1,4"."""
+    n = 0
+    for part in cpu_list.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def cache_levels() -> list[dict]:
+    """The data caches of the first CPU, smallest level first, from /sys: {"name": "L2",
+    "bytes": one instance's size, "shared_by": CPUs sharing that instance}; [] where the
+    system does not say."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            size = (d / "size").read_text().strip()
+            level = int((d / "level").read_text())
+            out.append({"name": f"L{level}", "bytes": int(size.rstrip("KMG")) * units.get(size[-1], 1),
+                        "shared_by": _cpu_count((d / "shared_cpu_list").read_text().strip())})
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda c: c["name"])
+
+
 def blas_info() -> list:
     try:
         from threadpoolctl import threadpool_info

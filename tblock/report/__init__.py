@@ -1,16 +1,20 @@
 """``tblock report``: where the time of one block goes, and where attention overtakes the FFN.
 
-The report measures the machine's GEMM ceilings, then sweeps the sequence length T for one
-block config and times every component (tblock.backends) of every backend separately,
-next to the FLOPs tblock.flops gives for it. It writes a folder (report.md, report.json,
-PNG plots) and prints a summary. The FLOP model says scores + AV (4 T^2 d_model for the full
+The report measures the machine's limits (the FMA peak of the vector path in use, the read
+bandwidth of each memory level; the BLAS's GEMM as a reference), then sweeps the sequence
+length T for one block config and times every component (tblock.backends) of every backend
+separately, next to the FLOPs tblock.flops gives for it, and a cached decode step; each is
+placed under its roofline bound. It writes a folder (report.md, report.json, PNG plots) and
+prints a summary. The FLOP model says scores + AV (4 T^2 d_model for the full
 square, about half that causal) catch up with the FFN's 4 T d_model d_ff at T = d_ff
 (4 d_model), or about 8 d_model causal; the report puts the measured crossover next to it.
 
 ``tblock report --compare A.json B.json`` prints two saved reports side by side.
 
     options    the command line and the --out folder
+    limits     the machine's limits, measured (through tblock.perf.peak)
     sweep      the measurements (through tblock.perf)
+    roofline   the byte model and each point's bound
     analysis   crossovers and ratios from the raw timings
     markdown   report.md and the terminal summary
     plots      the PNGs
@@ -39,11 +43,12 @@ from ..perf import Progress, git_commit, machine_info, pinned_threads  # noqa: F
 # besides what this module runs, the names the CLI and the tests use are importable from here
 from .analysis import add_derived, flop_model, measured_crossover  # noqa: F401
 from .compare import compare_text, load_report
+from .limits import measure_limits, remeasure
 from .markdown import load_warning, render_markdown, summary_text
 from .options import (PLOTS, SCHEMA, ReportError, ReportOptions, add_arguments, check_out_folder,  # noqa: F401
                       default_T_list, refuse_foreign, resolve_options, written_by_tblock)
 from .plots import write_plots
-from .sweep import gemm_ceilings, prepare_all, run_peers, run_sweep, worked_example_rows
+from .sweep import prepare_all, run_peers, run_sweep, time_decode, worked_example_rows
 
 
 def _jsonable(v):
@@ -80,22 +85,29 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
     with pinned_threads(opts.threads, "torch" in opts.backends) as threads:
         data["threads"] = threads
         t0 = time.perf_counter()
-        data["ceilings"] = gemm_ceilings(opts.ceiling_sizes, repeats=3, with_torch="torch" in opts.backends)
-        clock["ceilings_s"] = time.perf_counter() - t0
+        data["limits"] = measure_limits(threads["numba"], opts.ceiling_sizes, with_torch="torch" in opts.backends)
+        clock["limits_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         data["worked_example"] = {b: [[q, _jsonable(lesson), _jsonable(ours)] for q, lesson, ours
                                       in worked_example_rows(b)] for b in opts.backends if b not in REFERENCES}
         clock["worked_example_s"] = time.perf_counter() - t0
         n_peers = len(peers.PEERS if opts.peers is None else opts.peers)
-        steps = len(opts.T_list) * (len(opts.backends) * len(COMPONENTS) + n_peers)
+        steps = len(opts.T_list) * (len(opts.backends) * len(COMPONENTS) + n_peers) + 1
         progress = Progress(steps, progress_stream)
         try:
             data.update(run_sweep(opts, sets, progress))
+            t0 = time.perf_counter()
+            data["decode"] = time_decode(opts, data["backends"])
+            clock["decode_s"] = time.perf_counter() - t0
+            progress.step("numba decode step")
             t0 = time.perf_counter()
             data["peers"] = run_peers(opts, progress)
             clock["peers_s"] = time.perf_counter() - t0
         finally:
             progress.close()
+        t0 = time.perf_counter()
+        remeasure(data["limits"])
+        clock["limits_s"] += time.perf_counter() - t0
         try:
             import numba
             data["threads"]["numba_threading_layer"] = numba.threading_layer()

@@ -1,4 +1,4 @@
-"""What the raw timings say: % of ceiling, the measured crossovers, backend ratios."""
+"""What the raw timings say: each point under its roof, the measured crossovers, backend ratios."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import math
 from ..backends.components import COMPONENTS, sublayer_crossover_T
 from ..config import BlockConfig
 from ..counting import crossover_T
+from .roofline import add_roofline
 
 
 def add_derived(data: dict) -> None:
-    """Fill in % of ceiling, the crossovers and the backend ratios from the raw timings."""
-    ceil = data["ceilings"]
-    for b, rec in data["backends"].items():
-        c_gf = ceil[rec["compute_dtype"]]["gflops"]
-        for row in rec["results"]:
-            if row["status"] == "ok":
-                row["pct_ceiling"] = 100.0 * row["gflops"] / c_gf
+    """Fill in the roofline (bytes, intensity, bound, % of roof), the crossovers and the
+    backend ratios from the raw timings."""
+    add_roofline(data)
+    for rec in data["backends"].values():
         rec["crossover"] = {
             "attention_vs_ffn": measured_crossover(rec["results"], "attention", "ffn"),
             "core_vs_ffn": measured_crossover(rec["results"], "attention_core", "ffn"),

@@ -1,4 +1,5 @@
-"""``tblock report --compare A.json B.json``: two saved reports side by side."""
+"""``tblock report --compare A.json B.json``: two saved reports side by side, of either
+schema (tblock-report/1 had the BLAS's GEMM rates as "ceilings" and no roofline)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import json
 import math
 
 from ..backends.components import COMPONENTS
-from .markdown import fmt_T
-from .options import SCHEMA, ReportError
+from .cells import fmt_T
+from .options import SCHEMA, SCHEMAS, ReportError
 
 
 def load_report(path: str) -> dict:
@@ -18,9 +19,33 @@ def load_report(path: str) -> dict:
         raise ReportError(f"--compare: cannot read {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"--compare: {path} is not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ReportError(f"--compare: {path} is not a tblock report.json (no schema {SCHEMA!r})")
+    if not isinstance(data, dict) or data.get("schema") not in SCHEMAS:
+        raise ReportError(f"--compare: {path} is not a tblock report.json (no schema {' or '.join(map(repr, SCHEMAS))})")
+    return upgrade(data)
+
+
+def upgrade(data: dict) -> dict:
+    """A report of an older schema in the current one's terms, as far as it goes: a
+    tblock-report/1's "ceilings" (the BLAS's best GEMM per dtype) become limits' blas_gemm,
+    with no FMA peak, bandwidth or roofline (it measured none)."""
+    if data["schema"] == "tblock-report/1":
+        data = {**data, "schema": SCHEMA,
+                "limits": {"peak": {}, "bandwidth": [], "blas_gemm": data.get("ceilings", {}), "blas": {}}}
     return data
+
+
+def _limit_rows(a: dict, b: dict) -> list[str]:
+    """The limits both reports measured, with B/A."""
+    la, lb = a["limits"], b["limits"]
+    rows = [(f"{dt} FMA peak", la["peak"].get(dt, {}).get("gflops"), lb["peak"].get(dt, {}).get("gflops"))
+            for dt in ("float32", "float64")]
+    bw_a = {lv["name"]: lv["read_GBs"] for lv in la["bandwidth"]}
+    bw_b = {lv["name"]: lv["read_GBs"] for lv in lb["bandwidth"]}
+    rows += [(f"{n} read GB/s", bw_a.get(n), bw_b.get(n)) for n in dict.fromkeys(list(bw_a) + list(bw_b))]
+    rows += [(f"{dt} BLAS GEMM", la["blas_gemm"].get(dt, {}).get("gflops"), lb["blas_gemm"].get(dt, {}).get("gflops"))
+             for dt in ("float32", "float64")]
+    cell = lambda v: f"{v:>12.1f}" if v else f"{'-':>12}"          # noqa: E731
+    return [f"{name:<28}{cell(x)}{cell(y)}" + (f"{y / x:>8.2f}" if x and y else f"{'-':>8}") for name, x, y in rows]
 
 
 def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
@@ -29,11 +54,7 @@ def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
     if diffs:
         L.append("warning: the configs differ in " + ", ".join(
             f"{k} ({a['config'].get(k)} vs {b['config'].get(k)})" for k in diffs) + "; ratios compare unlike things")
-    L += ["", f"{'ceiling':<28}{'A GFLOP/s':>12}{'B GFLOP/s':>12}{'B/A':>8}"]
-    for dt in ("float32", "float64"):
-        ca, cb = a["ceilings"].get(dt), b["ceilings"].get(dt)
-        if ca and cb:
-            L.append(f"{dt + ' GEMM':<28}{ca['gflops']:>12.1f}{cb['gflops']:>12.1f}{cb['gflops'] / ca['gflops']:>8.2f}")
+    L += ["", f"{'limit (GFLOP/s, GB/s)':<28}{'A':>12}{'B':>12}{'B/A':>8}"] + _limit_rows(a, b)
     L += ["", f"{'crossover T (measured)':<28}{'A sublayer':>12}{'B sublayer':>12}{'A core':>12}{'B core':>12}"]
     for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
         cells = []

@@ -3,49 +3,14 @@ renders the same page."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from ..backends.components import COMPONENTS
 from .analysis import median_times
-
-LABELS = {"layernorm": "layernorm", "softmax": "softmax", "attention_core": "attn core",
-          "attention": "attention", "ffn": "ffn", "block": "block"}
-
-
-def _fmt(v):
-    if np.ndim(v) == 0:
-        return repr(float(v))
-    return "[" + ", ".join(f"{float(x):.6f}" for x in np.ravel(v)) + "]"
-
-
-def _ms(s):
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3g} s"
-    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
-
-
-def _flops(n):
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n}"
-
-
-def fmt_T(x):
-    return "-" if x is None else f"{x:,.0f}"
-
-
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    # a "|" inside a cell (|H_in|) would end the cell: escape it
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return lines
-
+from .cells import LABELS, flops_text, fmt_T, fmt_value, ms, table  # noqa: F401  (fmt_T: compare imports it from here)
+from .roofline_text import limits_lines, limits_section, roofline_section
 
 def render_markdown(data: dict) -> str:
-    sections = (_header, _ceilings, _crossovers, _ratios, peers_markdown, _flops_table, _backends,
+    sections = (_header, limits_section, roofline_section, _crossovers, _ratios, peers_markdown, _flops_table, _backends,
                 _worked_example, _plots)
     return "\n".join(line for section in sections for line in section(data))
 
@@ -72,7 +37,7 @@ def _header(data: dict) -> list[str]:
          f"{data['params']['toy']} (lesson: 808), {data['params']['toy_ln_affine']} with LN affines (lesson: 840).",
          f"- **Sweep** ({opts['mode']}): T = {', '.join(str(T) for T in data['T'])}; median of {opts['repeats']} "
          f"repeats after two warm-up calls; backends: {', '.join(data['backends'])}."
-         + (" Time spent: ceilings {:.0f} s, ".format(data["clock"]["ceilings_s"])
+         + (" Time spent: limits {:.0f} s, ".format(data["clock"]["limits_s"])
             + ", ".join(f"{b} {t:.0f} s" for b, t in data["clock"]["sweep_s"].items()) + "."
             if data.get("clock") else "")]
     busy = load_warning(m)
@@ -81,17 +46,6 @@ def _header(data: dict) -> list[str]:
     if opts.get("unavailable"):
         L += [f"- **Not run**: " + "; ".join(f"{b} ({why})" for b, why in opts["unavailable"].items()) + "."]
     return L + [""]
-
-
-def _ceilings(data: dict) -> list[str]:
-    L = ["## Machine ceilings", "",
-         "Best rate of an n x n matrix product through the BLAS in use (2 n³ FLOPs); "
-         "'% of ceiling' below is measured against the ceiling of the dtype a backend computes in.", ""]
-    rows = []
-    for dt, c in data["ceilings"].items():
-        runs = ", ".join(f"{r['library']} n={r['n']}: {r['gflops']:.1f}" for r in c["runs"])
-        rows.append([dt, f"**{c['gflops']:.1f}**", c["source"], runs])
-    return L + _table(["dtype", "GFLOP/s", "best", "all runs (GFLOP/s)"], rows) + [""]
 
 
 def _crossovers(data: dict) -> list[str]:
@@ -105,7 +59,7 @@ def _crossovers(data: dict) -> list[str]:
         rows.append([b, _crossing_cell(sub), _crossing_cell(core),
                      "-" if rr is None else f"{rr:.2f}", "-" if rr is None else fmt_T(model_T * rr)])
     L = ["## Crossover: where attention's time overtakes the FFN's", ""]
-    L += _table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
+    L += table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
                  "core GFLOP/s ÷ FFN GFLOP/s there", f"FLOP model {model_T:,.0f} × that rate ratio"], rows)
     return L + ["", f"FLOP model (tblock.flops), d_model={cfg['d_model']}:", "",
                 f"- attention **core** (scores + softmax + AV) against the FFN's two matmuls, `tblock.crossover_T`: "
@@ -148,7 +102,7 @@ def _ratios(data: dict) -> list[str]:
             row.append("n/a" if r is None else
                        f"{r['geomean']:.2f}x [{r['min']:.2f}–{r['max']:.2f}], {r['at_T_max']:.2f}x at T={r['T_max']}")
         rows.append(row)
-    return L + _table(["component"] + [f"{b} / {ref}" for b in others], rows) + [""]
+    return L + table(["component"] + [f"{b} / {ref}" for b in others], rows) + [""]
 
 
 def _flops_table(data: dict) -> list[str]:
@@ -158,10 +112,10 @@ def _flops_table(data: dict) -> list[str]:
     rows = []
     for T in data["T"]:
         f = data["flops"][str(T)]
-        cells = [_flops(f[k][c]) + (f" [{_flops(f['full'][c])}]" if f["full"][c] != f[k][c] else "")
+        cells = [flops_text(f[k][c]) + (f" [{flops_text(f['full'][c])}]" if f["full"][c] != f[k][c] else "")
                  for c in COMPONENTS]
         rows.append([T] + cells + [f"{f[k]['attention'] / f[k]['ffn']:.2f}"])
-    return L + _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn"], rows) + [""]
+    return L + table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn"], rows) + [""]
 
 
 def _backends(data: dict) -> list[str]:
@@ -176,8 +130,8 @@ def _backend(b: str, rec: dict, kind: str) -> list[str]:
          + ("skips the masked tiles of the T x T square" if rec.get("square") == "causal"
             else "computes the whole T x T square, masked entries included") +
          f"; components prepared (weights cast, fused, transposed) "
-         f"in {_ms(rec['prepare_s'])} before any timing. Each cell: median time, achieved "
-         f"GFLOP/s ({kind} count), % of the {rec['compute_dtype']} ceiling."]
+         f"in {ms(rec['prepare_s'])} before any timing. Each cell: median time, achieved "
+         f"GFLOP/s ({kind} count), % of roof (the Roofline section; {rec['compute_dtype']} peak)."]
     L += [f"- {n}" for n in rec["notes"]]
     L += [f"- {LABELS[c]}: n/a ({why})" for c, why in rec["missing"].items()]
     L += [f"- {why}" for why in sorted(set(rec["skipped"].values()))]
@@ -185,12 +139,12 @@ def _backend(b: str, rec: dict, kind: str) -> list[str]:
     for r in rec["results"]:
         by_T.setdefault(r["T"], {})[r["component"]] = r
     rows = [[T] + [_cell(by_T[T].get(c)) for c in COMPONENTS] + [_time_ratio(by_T[T])] for T in sorted(by_T)]
-    L += [""] + _table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn time"], rows) + [""]
+    L += [""] + table(["T"] + [LABELS[c] for c in COMPONENTS] + ["attention/ffn time"], rows) + [""]
     ov = rec["first_call_overhead_s"]
     if ov:
         L += ["First call against the steady median (compilation, first touch of memory, lazy caches), "
               "at the first T each component ran: " +
-              "; ".join(f"{LABELS[c]} {_ms(o['first_call_s'])} vs {_ms(o['median_s'])}" for c, o in ov.items())
+              "; ".join(f"{LABELS[c]} {ms(o['first_call_s'])} vs {ms(o['median_s'])}" for c, o in ov.items())
               + ".", ""]
     return L
 
@@ -200,7 +154,7 @@ def _cell(r) -> str:
         return "n/a"
     if r["status"] != "ok":
         return f"{r['status']} ({r['reason']})"
-    return f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s · {r['pct_ceiling']:.0f}%"
+    return f"{ms(r['median_s'])} · {r['gflops']:.3g} GF/s · {r['pct_roof']:.0f}% of roof"
 
 
 def _time_ratio(row: dict) -> str:
@@ -216,8 +170,8 @@ def _worked_example(data: dict) -> list[str]:
     if not we:
         return L
     names = list(we)
-    rows = [[q, _fmt(lesson)] + [_fmt(we[b][i][2]) for b in names] for i, (q, lesson, _) in enumerate(we[names[0]])]
-    return L + _table(["quantity", "lesson"] + names, rows) + [""]
+    rows = [[q, fmt_value(lesson)] + [fmt_value(we[b][i][2]) for b in names] for i, (q, lesson, _) in enumerate(we[names[0]])]
+    return L + table(["quantity", "lesson"] + names, rows) + [""]
 
 
 def _plots(data: dict) -> list[str]:
@@ -247,10 +201,10 @@ def peer_rows(data: dict) -> tuple[list, list]:
             if r is None or r["status"] != "ok":
                 cells.append("-" if r is None else r["status"])
                 continue
-            cells.append(f"{_ms(r['median_s'])} · {r['gflops']:.3g} GF/s")
+            cells.append(f"{ms(r['median_s'])} · {r['gflops']:.3g} GF/s")
             best = min(best or r["median_s"], r["median_s"])
         ratio = f"{ref_t[T] / best:.2f}" if best and T in ref_t else "-"
-        rows.append([T, _ms(ref_t.get(T))] + cells + [ratio])
+        rows.append([T, ms(ref_t.get(T))] + cells + [ratio])
     return header, rows
 
 
@@ -266,15 +220,15 @@ def peers_markdown(data: dict) -> list[str]:
     for p in ps.values():
         if p["available"]:
             first = p["results"][0].get("check_call_s") if p["results"] else None
-            L += [f"- {p['label']} {p['version']}: built in {_ms(p.get('build_s'))}, first call "
-                  f"{_ms(first)}{' (where it compiles)' if p['label'] == 'torch.compile' else ''}" +
+            L += [f"- {p['label']} {p['version']}: built in {ms(p.get('build_s'))}, first call "
+                  f"{ms(first)}{' (where it compiles)' if p['label'] == 'torch.compile' else ''}" +
                   "".join(f"; T={r['T']} {r['status']} ({r.get('reason')})" for r in p["results"]
                           if r["status"] not in ("ok", "skipped")) + "."]
         else:
             L += [f"- {p['label']}: not run ({p['reason']})."]
     L += [""]
     if any(p["results"] for p in ps.values()):
-        L += _table(*peer_rows(data)) + [""]
+        L += table(*peer_rows(data)) + [""]
     return L
 
 
@@ -333,14 +287,13 @@ def summary_text(data: dict) -> str:
         lines += ["Lesson 13 worked example (T=4, d_model=8, 2 heads, d_ff=32, seed 13)",
                   f"   {'quantity':<24}{'lesson':<44}" + "".join(f"{b:<44}" for b in names)]
         for i, (q, lesson, _) in enumerate(we[names[0]]):
-            lines.append(f"   {q:<24}{_fmt(lesson):<44}" + "".join(f"{_fmt(we[b][i][2]):<44}" for b in names))
+            lines.append(f"   {q:<24}{fmt_value(lesson):<44}" + "".join(f"{fmt_value(we[b][i][2]):<44}" for b in names))
         lines.append("")
     p = data["params"]
     cfg, fm = data["config"], data["flop_model"]
     lines += [f"parameters per block: d_model=8, d_ff=32: {p['toy']} (lesson 808), with LN affines "
               f"{p['toy_ln_affine']} (lesson 840); d_model={cfg['d_model']}: {p['config']:,}", ""]
-    lines += ["GEMM ceilings: " + ", ".join(f"{dt} {c['gflops']:.1f} GFLOP/s ({c['source']})"
-                                           for dt, c in data["ceilings"].items()), ""]
+    lines += limits_lines(data) + [""]
     lines += [f"crossover, d_model={cfg['d_model']} ({'causal' if cfg['causal'] else 'full square'}): FLOP model core=FFN "
               f"{fm['crossover_T_full']:.0f} full (4*d_model), {fm['crossover_T_causal']:.0f} causal (~8*d_model); "
               f"sublayer=FFN {fm['sublayer_crossover_T_full']:.0f} full, {fm['sublayer_crossover_T_causal']:.0f} causal"]
@@ -370,3 +323,4 @@ def summary_text(data: dict) -> str:
     if not_run:
         lines += ["", "peers not run: " + "; ".join(not_run)]
     return "\n".join(lines)
+

@@ -14,8 +14,9 @@ from ..backends import components
 from ..outfolder import OutputError, check_folder
 from ..perf import t_grid, usable_cores
 
-SCHEMA = "tblock-report/1"
-PLOTS = ("time_vs_T.png", "flops_vs_T.png", "gflops_vs_T.png")
+SCHEMA = "tblock-report/2"        # 2: "limits" and the roofline; 1 had "ceilings" (BLAS GEMMs), % of ceiling
+SCHEMAS = ("tblock-report/1", SCHEMA)      # what --compare reads
+PLOTS = ("time_vs_T.png", "flops_vs_T.png", "gflops_vs_T.png", "roofline.png")
 
 
 class ReportError(ValueError):
@@ -40,7 +41,7 @@ class ReportOptions:
     target_s: float = 0.1           # cheap points get more repeats, up to about this long
     point_budget_s: float = 8.0     # a backend stops once one T would take longer than this
     mem_limit_bytes: int = 2 << 30  # skip a component whose (n_heads, T, T) arrays would exceed it
-    ceiling_sizes: tuple = (1024, 2048)
+    ceiling_sizes: tuple = (1024, 2048)     # the BLAS GEMM reference's n
     plots: bool = True
     seed: int = 0
     peers: list | None = None       # whole-block peers to time after the sweep; None: every installed one
@@ -96,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-time", type=float, default=None,
                    help="seconds a cheap point keeps repeating for a sturdier median (default 0.1 quick, 0.5 full)")
     p.add_argument("--ceiling-sizes", default=None,
-                   help="comma-separated n of the n x n GEMMs that measure the ceiling "
+                   help="comma-separated n of the n x n BLAS GEMMs timed as a reference line "
                         "(default 1024,2048; --full adds 512 and 3072)")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     p.add_argument("--peers", default=None,

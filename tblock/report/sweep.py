@@ -1,5 +1,6 @@
-"""The measurements: GEMM ceilings, the worked example on every backend, the component
-sweep and the peers' whole block, all through tblock.perf's harness."""
+"""The measurements: the worked example on every backend, the component sweep, a cached
+decode step and the peers' whole block, all through tblock.perf's harness (the machine's
+limits: tblock.report.limits)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from .. import api, peers
 from ..backends import components
 from ..backends.components import COMPONENTS, component_flops, point_memory
 from ..config import BlockConfig
+from ..kvcache import KVCache
 from ..lesson.analysis import row_entropies_bits
 from ..perf import Progress, measure, settle
 from ..weights import init_weights
 from ..worked_example import LESSON_PRINTED, load_worked_example
 from .options import ReportOptions
+from .roofline import decode_flops
 
 
 def worked_example_rows(backend: str) -> list[tuple[str, object, object]]:
@@ -35,28 +38,6 @@ def worked_example_rows(backend: str) -> list[tuple[str, object, object]]:
         ("entropy head 2 (bits)", LESSON_PRINTED["entropy_head2_bits"], row_entropies_bits(tr.A[1])),
         ("max |H_out - lesson|", 0.0, float(np.max(np.abs(tr.H_out - ex.expected["H_out"])))),
     ]
-
-
-def gemm_ceilings(sizes, repeats: int, with_torch: bool) -> dict:
-    """Best GFLOP/s of an n x n matmul through numpy's BLAS (and torch's, when timed), per dtype:
-    the yardstick for '% of ceiling'. 2 n^3 FLOPs per product."""
-    out = {}
-    rng = np.random.default_rng(0)
-    for dtype in ("float32", "float64"):
-        runs = []
-        for n in sizes:
-            a = rng.standard_normal((n, n)).astype(dtype)
-            b = rng.standard_normal((n, n)).astype(dtype)
-            m = measure(np.matmul, (a, b), repeats, 0.05)
-            runs.append({"library": "numpy", "n": n, "gflops": 2 * n ** 3 / m["min_s"] / 1e9})
-            if with_torch:
-                import torch
-                ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-                m = measure(torch.mm, (ta, tb), repeats, 0.05)
-                runs.append({"library": "torch", "n": n, "gflops": 2 * n ** 3 / m["min_s"] / 1e9})
-        best = max(runs, key=lambda r: r["gflops"])
-        out[dtype] = {"gflops": best["gflops"], "source": f"{best['library']} matmul n={best['n']}", "runs": runs}
-    return out
 
 
 def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int, square: str = "full") -> float:
@@ -207,3 +188,35 @@ def run_peers(opts: ReportOptions, progress: Progress | None = None) -> dict:
             row.update(status="ok", gflops=fl / m["median_s"] / 1e9, **m)
             last = row
     return out
+
+
+def time_decode(opts: ReportOptions, backends: dict) -> dict:
+    """One cached step of the swept block on the numba backend (tblock.forward with a
+    KVCache): one token attending over ``context`` keys, the largest T at which the sweep
+    timed numba's block (the context - 1 before it cached by one call first); the cache is
+    set back after each step, so every repetition decodes at the same context."""
+    rec = {"backend": "numba"}
+    ran = [r["T"] for r in backends.get("numba", {}).get("results", []) if r["component"] == "block" and r["status"] == "ok"]
+    if not opts.causal:
+        return {**rec, "status": "n/a", "reason": "a KV cache needs a causal block (--no-causal was given)"}
+    if not ran:
+        return {**rec, "status": "n/a", "reason": "the numba backend's block was not timed in this sweep"}
+    L = rec["context"] = max(ran)
+    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=True)
+    dtype = np.dtype(opts.dtype)
+    weights = init_weights(cfg, seed=opts.seed, dtype=dtype)
+    X = components.make_inputs(cfg, L, dtype, seed=opts.seed + L, components=["block"])["block"][0][None]  # (1, L, d)
+    try:
+        cache = KVCache(cfg, L, 1, dtype)
+        if L > 1:
+            api.forward(X[:, :L - 1], weights, cfg, backend="numba", cache=cache)
+        x = X[:, L - 1:]
+
+        def step():
+            api.forward(x, weights, cfg, backend="numba", cache=cache)
+            cache.length = L - 1
+        m = measure(step, (), opts.repeats, opts.min_repeat_s, opts.target_s)
+    except Exception as e:              # reported like a component's error
+        return {**rec, "status": "error", "reason": f"{type(e).__name__}: {e}"[:300]}
+    fl = decode_flops(cfg, L)
+    return {**rec, "status": "ok", "flops": fl, "gflops": fl / m["median_s"] / 1e9, **m}
