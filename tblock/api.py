@@ -70,7 +70,6 @@ def available_backends() -> list[str]:
 
 
 _LOADED = {}   # backend name -> module, once it has imported and said it can run
-_LANES = {}    # backend name -> its forward_small, for a backend loaded that has one
 
 
 def get_backend(name):
@@ -98,8 +97,6 @@ def get_backend(name):
     if check is not None:
         check()  # raises BackendUnavailable with instructions
     _LOADED[name] = module
-    if hasattr(module, "forward_small"):
-        _LANES[name] = module.forward_small
     return module
 
 
@@ -163,14 +160,19 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     values are appended to it, and the rows returned are those a forward over the whole
     sequence would give. On any error the cache is left as it was."""
     if (cache is None and trace is False and type(H) is np.ndarray and type(weights) is BlockWeights
-            and weights._cache.get("last_checked") is cfg and (backend is None or type(backend) is str)):
-        # a plain call with weights checked against cfg before: a backend's lane for it
-        # (small blocks) checks H in fewer steps, or hands it to the checked path below
-        lane = _LANES.get(DEFAULT_BACKEND if backend is None else backend)
-        if lane is not None:
-            H_out = lane(H, weights, cfg)
+            and (backend is None or type(backend) is str)):
+        # a repeat plain call: the call the checked path prepared for these weights, this
+        # cfg and this backend takes H if it is of the kind that needs no further check
+        prepared = weights.prepared_calls.get(DEFAULT_BACKEND if backend is None else backend)
+        if prepared is not None and prepared[0] is cfg:
+            H_out = prepared[1](H)
             if H_out is not None:
                 return H_out
+    return _checked_forward(H, weights, cfg, backend, trace, cache)
+
+
+def _checked_forward(H, weights, cfg, backend, trace, cache):
+    """forward with every argument checked; a plain call's success prepares the next."""
     if not isinstance(cfg, BlockConfig):
         raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
     if not isinstance(weights, BlockWeights):
@@ -202,11 +204,21 @@ def forward(H, weights: BlockWeights, cfg: BlockConfig, backend: str | None = No
     if cache is not None:
         cache.length += H3.shape[1]
     H_out = _as_input(H_out, H)
+    if cache is None and not trace:
+        _prepare_call(weights, cfg, name, module)
     if not trace:
         return H_out
     if flat:
         tr = {k: v[0] for k, v in tr.items()}                    # drop the batch axis of 1
     return H_out, Trace(**{k: np.asarray(tr[k], dtype=H.dtype) for k in TRACE_NAMES})
+
+
+def _prepare_call(weights, cfg, name: str, module) -> None:
+    """Keep backend ``name``'s prepared plain call for these weights and this cfg (checked),
+    if it offers one (prepare_call) and it is not kept already."""
+    prepared = weights.prepared_calls.get(name)
+    if (prepared is None or prepared[0] is not cfg) and hasattr(module, "prepare_call"):
+        weights.prepared_calls[name] = (cfg, module.prepare_call(weights, cfg))
 
 
 class Block:

@@ -99,6 +99,9 @@ class BlockWeights:
     # (frozen_copy); init=False, so dataclasses.replace builds a fresh one instead of
     # inheriting the old weights' packing
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # backend name (None: the default) -> (cfg, that backend's prepared plain call), kept by
+    # tblock.api's checked path for repeat calls under the same cfg object
+    _calls: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         arrays = {}
@@ -149,7 +152,7 @@ class BlockWeights:
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays that are present, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "_cache" and getattr(self, f.name) is not None}
+                if f.init and getattr(self, f.name) is not None}
 
     def check(self, cfg: BlockConfig, name: str = "weights") -> "BlockWeights":
         """Raise ValueError unless these weights fit ``cfg``; cheap after the first call."""
@@ -184,9 +187,10 @@ class BlockWeights:
         the backend's to read and fill; the weights never change, so entries stay valid."""
         return self._cache
 
-    def is_checked(self, cfg: BlockConfig) -> bool:
-        """Whether the last check() was against this very config object (identity)."""
-        return self._cache.get("last_checked") is cfg
+    @property
+    def prepared_calls(self) -> dict:
+        """backend name -> (cfg, prepared plain call): tblock.api's, for repeat calls."""
+        return self._calls
 
     def prepared(self, key, build):
         """Backend helper: ``build(self)`` once, then reuse it (the weights never change)."""

@@ -257,7 +257,7 @@ def test_big_endian_input_and_weights_work(good, backend):
     np.testing.assert_array_equal(tblock.forward(H, w_be, CFG, backend=backend), want)
 
 
-# ---- a plain call's lane (tblock.api.forward: the numba backend's forward_small) -----------
+# ---- a repeat plain call (tblock.api.forward: the numba backend's prepare_call) -----------
 
 @pytest.fixture
 def armed(monkeypatch):

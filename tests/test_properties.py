@@ -164,7 +164,6 @@ def test_the_numba_lane_gives_the_checked_paths_bits(data):
     """A plain call on weights checked before takes the numba backend's lane (H handed to
     the serial block as it came: 2-D or 3-D, writeable or read-only); the first call with
     fresh weights takes the checked path.  Same bits, any config, dtype and layout."""
-    import tblock.backends.numba as nb
     cfg = data.draw(configs(), label="cfg")
     T = data.draw(st.integers(1, 12), label="T")
     B = data.draw(st.sampled_from([None, 1, 3]), label="B")
@@ -175,5 +174,5 @@ def test_the_numba_lane_gives_the_checked_paths_bits(data):
     H.flags.writeable = data.draw(st.booleans(), label="writeable")
     w = random_weights(cfg, seed, dtype)
     checked = tblock.forward(H, w, cfg, backend="numba")         # fresh weights: the checked path
-    assert nb.forward_small(H, w, cfg) is not None                # the lane takes the next call
+    assert w.prepared_calls["numba"][1](H) is not None            # the prepared call takes the next one
     np.testing.assert_array_equal(tblock.forward(H, w, cfg, backend="numba"), checked)

@@ -4,9 +4,10 @@ Every backend module has ``forward_batch(H, weights, cfg, trace) -> (H_out, trac
 (the contract is in tblock.api), ``CHECKS_FINITE``, and ``components(cfg, weights, dtype)``,
 its pieces for separate timing (tblock.backends.components). A module may also have
 ``ensure_available()``, which raises BackendUnavailable with the reason it cannot run,
-and ``forward_small(H, weights, cfg) -> H_out | None``, a lane for a plain call (no
-trace, no cache) on weights already checked against cfg, which takes H as the caller
-gave it and returns None for anything it leaves to the checked path (tblock.api.forward).
+and ``prepare_call(weights, cfg) -> call``: after a checked plain call (no trace, no
+cache), tblock.api.forward keeps ``call`` on the weights, and a repeat call under the
+same cfg object runs ``call(H) -> H_out | None`` on H as the caller gave it; None hands
+anything it does not take to the checked path.
 Adding a backend is one module here plus one line below.
 
 A language model (tblock.models) reaches a backend's kernels only through the hooks below,

@@ -19,7 +19,7 @@ compute the same sums in the same order.
 
 from .cached import DecodeStep, forward_cached, forward_stack_cached
 from .components import components
-from .forward import forward_batch, forward_small
+from .forward import forward_batch, prepare_call
 from .lm import lm_head, prepare_head
 from .warmup import warmup
 
@@ -36,5 +36,5 @@ def prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head):
     return DecodeStep(blocks, cfg, caches, E, P, ln_f, eps, head)
 
 
-__all__ = ["CHECKS_FINITE", "DecodeStep", "components", "forward_batch", "forward_cached", "forward_small",
-           "forward_stack_cached", "lm_head", "prepare_decode", "prepare_head", "warmup"]
+__all__ = ["CHECKS_FINITE", "DecodeStep", "components", "forward_batch", "forward_cached", "forward_stack_cached",
+           "prepare_call", "lm_head", "prepare_decode", "prepare_head", "warmup"]

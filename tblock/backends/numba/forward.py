@@ -1,8 +1,8 @@
 """A forward pass of one block: one call into compiled code (kernels.block).
 
 Validation happens in tblock.api; here the call is sized (serial or parallel build, by
-its FLOPs) and made.  ``forward_small`` is the plain call's lane for small blocks on
-weights already checked: anything unusual returns None and takes the checked path.
+its FLOPs) and made.  ``prepare_call`` gives the checked path the plain call it keeps
+for repeat calls: anything unusual returns None and takes the checked path again.
 """
 
 from __future__ import annotations
@@ -11,47 +11,53 @@ import numpy as np
 
 from ...kernels.block import block_parallel, block_serial
 from ...kernels.validate import all_finite_flat
-from .packing import forward_flops, lookup_plan, plan_of
+from .packing import PLAN, forward_flops, plan_of
 from .parallel import is_serial, parallel_call
 from .trace import forward_trace
 
 
-def forward_small(H, weights, cfg):
-    """A plain call's lane (tblock.api.forward): H_out for an ndarray H that the API
-    would take as it is (float32/float64 in native byte order, C-contiguous, aligned,
-    (T, d_model) or (B, T, d_model), T and B >= 1) on a block small enough to run
-    serially, with these weights already checked against ``cfg``; None for anything else,
-    and for an H holding a NaN or an Inf: the caller then takes the checked path, which
-    gives the same result or raises.  H goes to the compiled block as it came, 2-D or
-    3-D, writeable or not (four array types a dtype, all compiled by warmup): a view of
-    it would cost the toy block's call more than the rest of this lane."""
-    plan = lookup_plan(weights, cfg, H.dtype)       # made by the checked path, not here
-    if plan is None:
-        return None
-    shape = H.shape
-    if len(shape) == 2:
-        T, d = shape
-        B = 1
-    elif len(shape) == 3:
-        B, T, d = shape
-    else:
-        return None
-    _, flat, scalars, per_row, per_key = plan
-    flags = H.flags
-    if (d != cfg.d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
-            or not H.dtype.isnative or not is_serial(forward_flops(B, T, per_row, per_key, scalars[2]))):
-        return None
-    out = np.empty(shape, H.dtype)
-    if block_serial(H, flat, out, scalars, 1) >= 0:
-        return None
-    return out
+def prepare_call(weights, cfg):
+    """The plain call (no trace, no cache) of these weights under this cfg, after the
+    checked path has checked them against it (tblock.api keeps it on the weights): a
+    function of H that gives H_out for an ndarray the checked path would take as it is
+    (float32/float64 in native byte order, C-contiguous, aligned, (T, d_model) or (B, T,
+    d_model), T and B >= 1) on a block small enough to run serially; None for anything
+    else, and for an H holding a NaN or an Inf: the checked path then gives the same
+    result or raises.  H goes to the compiled block as it came, 2-D or 3-D, writeable or
+    not (four array types a dtype, all compiled by warmup): a view of it would cost the
+    toy block's call more than the rest of this function."""
+    d_model = cfg.d_model
+    state = weights.prepared_state
+
+    def call(H):
+        plan = state.get((PLAN, H.dtype.char))     # made by the checked path, not here
+        if plan is None or plan[0] is not cfg:
+            return None
+        shape = H.shape
+        if len(shape) == 2:
+            T, d = shape
+            B = 1
+        elif len(shape) == 3:
+            B, T, d = shape
+        else:
+            return None
+        _, flat, scalars, per_row, per_key = plan
+        flags = H.flags
+        if (d != d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
+                or not H.dtype.isnative or not is_serial(forward_flops(B, T, per_row, per_key, scalars[2]))):
+            return None
+        out = np.empty(shape, H.dtype)
+        if block_serial(H, flat, out, scalars, 1) >= 0:
+            return None
+        return out
+    return call
 
 
 def forward_batch(H, weights, cfg, trace):
     """The backend contract of tblock.api: H is a read-only C-contiguous (B, T, d_model)
     float32/float64 array; compute in H's dtype; return (H_out, trace dict or None), or
     (None, None) when H holds a NaN or an Inf (CHECKS_FINITE: the API then says where).
-    A small block's plain call usually comes through forward_small instead."""
+    A small block's repeat plain calls usually come through prepare_call's function instead."""
     if trace:
         if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None

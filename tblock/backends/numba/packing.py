@@ -120,8 +120,3 @@ def plan_of(weights, cfg, dtype):
         plan = state[(PLAN, dtype.char)] = make_plan(weights, cfg, dtype)
     return plan
 
-
-def lookup_plan(weights, cfg, dtype):
-    """plan_of's plan when it is already made for this very cfg, else None."""
-    plan = weights.prepared_state.get((PLAN, dtype.char))
-    return None if plan is None or plan[0] is not cfg else plan
