@@ -42,10 +42,10 @@ with KV caches runs in one call (``cached_parallel``, ``cached_serial``: the blo
 with a cache, over a table of blocks): a decode step crosses from Python into compiled
 code once, not once a block, and takes its scratch from the cache (work_len).
 
-Each body is written once (``_one_block``, ``_cached``) and inlined into its two builds,
-defined by name: ``one_block_serial`` and ``one_block_parallel`` compile it without and with
-threads for its prange loops, and each of ``cached_serial`` and ``cached_parallel`` hands
-``_cached`` the build of the block it runs.  A call's dimensions, caches and buffers travel
+Each body is written once and compiled into two builds defined by name:
+``one_block_serial`` and ``one_block_parallel`` are ``_one_block`` without and with threads
+for its prange loops (options.build), and ``cached_serial`` and ``cached_parallel`` each
+hand ``_cached`` (inlined into both) the build of the block it runs.  A call's dimensions, caches and buffers travel
 as records (kernels.records); from Python, as plain tuples in the same order.
 
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
@@ -61,7 +61,7 @@ import numpy as np
 from numba import prange
 
 from .layout import ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16, weight_layout
-from .options import borrowed, borrowed_at, claim, finished, keep_alive, kernel, wait_for
+from .options import borrowed, borrowed_at, build, claim, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch
 from .simd import panel_lanes
 from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, cache_packed_task,
@@ -196,10 +196,9 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
 
 
-@kernel(inline="always")
 def _one_block(H, Wf, dims, cache, scratch, nthr):
     """One block on the flat rows H (B*T*d), the body of one_block_serial and
-    one_block_parallel: its output (B, T, d): scratch.dest when it is not empty (rows * d
+    one_block_parallel (its two builds, compiled apart): its output (B, T, d): scratch.dest when it is not empty (rows * d
     elements); else with a work buffer (scratch.work: work_len elements, few keys; empty:
     none) output buffer scratch.slot (0 or 1) of it, every scratch buffer taken from it
     too; else a new array.  scratch.plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage
@@ -364,16 +363,10 @@ def output_plan(dims, scratch, rows, pos, nthr):
     return out, xn, hid, ldh, mc, groups, mf, n
 
 
-@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def one_block_serial(H, Wf, dims, cache, scratch, nthr):
-    """_one_block compiled without threads: its prange loops run in turn."""
-    return _one_block(H, Wf, dims, cache, scratch, nthr)
-
-
-@kernel(readonly=("H", "Wf"), standalone=True, internal=True, parallel=True)
-def one_block_parallel(H, Wf, dims, cache, scratch, nthr):
-    """_one_block with its prange loops on Numba's threads."""
-    return _one_block(H, Wf, dims, cache, scratch, nthr)
+# _one_block's builds: its prange loops run in turn, or on Numba's threads
+one_block_serial = build(_one_block, "one_block_serial", readonly=("H", "Wf"), standalone=True, internal=True)
+one_block_parallel = build(_one_block, "one_block_parallel", parallel=True, readonly=("H", "Wf"), standalone=True,
+                           internal=True)
 
 
 @kernel

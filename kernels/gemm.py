@@ -28,7 +28,7 @@ import numpy as np
 
 from .isa import PATH
 from .options import kernel
-from .records import Panels, Rows
+from .records import Rows
 from .simd import (lanes, panel_lanes, pbcast, pload, pload_n, prefetch_l2, psplat, pstore, pstore_n,
                    vadd, vfma)
 from .tiles import KC, KC_ONE, MR, NV
@@ -138,12 +138,6 @@ def pack_b(B: np.ndarray, out: np.ndarray) -> None:
     for p in range(NP):
         cols = B[:, p * NR:(p + 1) * NR]
         panels[p, :, :cols.shape[1]] = cols
-
-
-@kernel(internal=True, inline="always")
-def packed_matrix(Bp, off, K, N):
-    """The Panels of the packed (K, N) matrix at Bp[off] (pack_b's panels, K * NR apart)."""
-    return Panels(off, K * panel_lanes(Bp), K, N)
 
 
 @kernel(inline="always", readonly=("A", "Bp"))

@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .gemm import gemm_block, pack_b, packed_matrix, packed_size, panel_width
+from .gemm import gemm_block, pack_b, packed_size, panel_width
 from .layout import ceil_div, panels
-from .options import kernel
-from .records import Rows, Tile
+from .options import build
+from .records import Panels, Rows, Tile
 from .simd import panel_lanes
 from .stages import layernorm_piece
 from .tiles import HEAD_PANELS, HEAD_ROWS
@@ -47,7 +47,6 @@ def pack_head(E: np.ndarray, dtype) -> np.ndarray:
     return flat
 
 
-@kernel(inline="always")
 def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     """The body of head_serial and head_parallel: out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
     of LN_f (2d); Ep: pack_head's panels; out: the flat (rows, vocab) logits.  in_place:
@@ -57,25 +56,19 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     xn = X if in_place else np.empty(rows * d, dtype=X.dtype)
     for t in prange(nthr):
         layernorm_piece(X, xn, t, nthr, rows, d, P, 0, d, eps)
-    npn = panels(vocab, panel_lanes(Ep))
+    NR = panel_lanes(Ep)
+    npn = panels(vocab, NR)
     groups = ceil_div(npn, HEAD_PANELS)
     nrb = ceil_div(rows, HEAD_ROWS)
     mc = ceil_div(rows, nrb)            # equal row blocks: 600 rows are 2 x 300, not 512 + 88
     for t in prange(nrb * groups):
         r0 = (t // groups) * mc
         p0 = (t % groups) * HEAD_PANELS
-        gemm_block(xn, Rows(0, d), Ep, packed_matrix(Ep, 0, d, vocab), out, Rows(0, vocab),
+        gemm_block(xn, Rows(0, d), Ep, Panels(0, d * NR, d, vocab), out, Rows(0, vocab),
                    Tile(r0, min(rows, r0 + mc), p0, min(npn, p0 + HEAD_PANELS)), False, -1)
 
 
+# _head's builds, its prange loops run in turn (sized for nthr = 1) or on Numba's threads;
 # standalone: kernels.decode calls them by address (their prange loops compile once)
-@kernel(standalone=True, readonly=("P", "Ep"))
-def head_serial(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
-    """_head compiled without threads (sized for nthr = 1)."""
-    _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr)
-
-
-@kernel(standalone=True, readonly=("P", "Ep"), parallel=True)
-def head_parallel(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
-    """_head with its prange loops on Numba's threads."""
-    _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr)
+head_serial = build(_head, "head_serial", standalone=True, readonly=("P", "Ep"))
+head_parallel = build(_head, "head_parallel", parallel=True, standalone=True, readonly=("P", "Ep"))

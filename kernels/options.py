@@ -3,6 +3,7 @@
 import functools
 import hashlib
 import importlib
+import types as pytypes
 
 import llvmlite.binding as llvm
 import llvmlite.ir as llvmir
@@ -108,6 +109,19 @@ def kernel(fn=None, readonly=(), standalone=False, internal=False, **options):
             disp.enable_caching()
         return disp
     return wrap(fn) if fn is not None else wrap
+
+
+def build(fn, name, **options):
+    """kernel(fn, **options) compiled as ``name``: one of the builds of one body (its
+    serial and its parallel build), each a kernel of the module under its own name.  Numba
+    names a function's cache files after its qualified name, and a standalone kernel's
+    entry point is published under it (_symbol), so two builds of one function would
+    overwrite each other's: this is a copy of fn under ``name``, with fn's code, defaults
+    and globals (nothing rebound)."""
+    f = pytypes.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    f.__qualname__ = name
+    f.__doc__ = fn.__doc__
+    return kernel(f, **options)
 
 
 def _symbol(module, qualname, argtypes):

@@ -11,7 +11,7 @@ import numpy as np
 
 from .activations import bias_act_rows
 from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import gemm_block, gemm_panels, packed_matrix
+from .gemm import gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
                      weight_layout)
@@ -61,7 +61,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     for c0 in range(0, dff, ch):
         cw = min(ch, dff - c0)
         # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        gemm_block(X, Rows(x_off, d), Wf, packed_matrix(Wf, o_1, d, dff), hid, Rows(-c0, ldh),
+        gemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
                    Tile(0, m, c0 // NR, panels(c0 + cw, NR)), False, -1)
         bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
@@ -85,7 +85,7 @@ def ffn_up_task(Wf, dims, rows, bufs, p):
     d, dff = dims.d, dims.dff
     layout = weight_layout(d, dff, NR)
     o_1, o_b1 = layout[2], layout[4]
-    gemm_block(bufs.xn, Rows(0, d), Wf, packed_matrix(Wf, o_1, d, dff), bufs.hid, Rows(0, bufs.ldh),
+    gemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
                Tile(0, rows, p, p + 1), False, -1)
     c0 = p * NR
     bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, dims.act)
@@ -104,7 +104,7 @@ def ffn_down_task(Wf, dims, rows, bufs, p):
     n = min(d, c0 + NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, packed_matrix(Wf, o_2, dff, d), out, Rows(0, d),
+    gemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
                Tile(0, rows, p, p + 1), True, -1)
 
 
@@ -120,7 +120,7 @@ def out_proj_task(H, Wf, dims, tile, bufs):
     c1 = min(d, tile.p1 * NR)
     for r in range(tile.i0, tile.i1):
         copy_add(H, r * d + c0, bufs.out, r * d + c0, c1 - c0, Wf, 0, False)
-    gemm_block(bufs.q, Rows(0, bufs.ldq), Wf, packed_matrix(Wf, o_o, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
+    gemm_block(bufs.q, Rows(0, bufs.ldq), Wf, Panels(o_o, d * NR, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -266,7 +266,7 @@ def qkv_task(Wf, dims, tile, bufs):
         b = min(p1, (j + 1) * npd) - j * npd
         if a >= b:
             continue
-        W = packed_matrix(Wf, o_qkv + j * wsz, d, d)
+        W = Panels(o_qkv + j * wsz, d * NR, d, d)
         if j == 0 or not packed:
             gemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
                        False, o_bqkv + j * bsz)

@@ -12,11 +12,11 @@ from numba import njit, prange
 
 from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.block import attention_core
-from ...kernels.gemm import gemm_block, packed_matrix, panel_width
+from ...kernels.gemm import gemm_block, panel_width
 from ...kernels.layernorm import layernorm_rows
 from ...kernels.layout import bias_len, ceil_div, packed_len, panels, rows_per_task, stage_grid, task_tile, weight_layout
 from ...kernels.options import JIT
-from ...kernels.records import Rows
+from ...kernels.records import Panels, Rows
 from ...kernels.simd import panel_lanes
 from ...kernels.softmax import masked_softmax_rows
 from ...kernels.stages import ffn_tile
@@ -34,10 +34,11 @@ DRIVER_JIT = {**JIT, "cache": False}
 def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, bias_off, nthr):
     """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]) + (the padded bias
     at Wf[bias_off]), split into tasks as the block's QKV and W_O stages are (stage_grid)."""
-    npn = panels(N, panel_lanes(Wf))
+    NR = panel_lanes(Wf)
+    npn = panels(N, NR)
     mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
     for t in prange(ntasks):
-        gemm_block(A, Rows(0, lda), Wf, packed_matrix(Wf, b_off, K, N), C, Rows(0, ldc),
+        gemm_block(A, Rows(0, lda), Wf, Panels(b_off, K * NR, K, N), C, Rows(0, ldc),
                    task_tile(t, groups, mc, rows, npn), False, bias_off)
 
 
