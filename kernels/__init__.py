@@ -5,8 +5,11 @@ and float64, writing into caller-allocated outputs; ``tblock.backends.numba`` va
 nothing (the API did) and only prepares weights and dispatches.
 
     options     compiler flags and the ``kernel`` decorator shared by all kernels; standalone
-                kernels, which compiled callers call through their address, not a copy
-    isa         the vector path (avx512 / avx2 / generic): vector width, micro-tile, KC
+                kernels, which compiled callers call through their address, not a copy;
+                ``build``, a second build of one body under a name of its own
+    isa         the vector path (avx512 / avx2 / generic) and its vector width
+    tiles       every tile and block size, per path: the micro-tile, KC, MC, BQ, BK, ...
+    records     the named tuples a call passes (operands, dimensions, caches, buffers)
     cache       Numba's cache, one directory per path
     simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
     gemm        6 x NV-vector register-blocked micro-kernel over pre-packed weight panels

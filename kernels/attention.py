@@ -5,8 +5,8 @@ The operands come from the fused projection buffer X (one row per token: [Q | K 
 for all heads, row stride ldx).  Per head, K is packed transposed into NR-wide panels
 (``pack_kt``: the micro-kernel wants the key index along the vector lanes for
 S = Q K^T) and V into contiguous rows (``pack_v``); each task copies its query tile.
-In X a head's row is 64 elements in a 9 KiB stride, a new page per token: read in
-place, a key tile would touch a page per key and miss the TLB.
+In X a head's row is d_k elements in a stride of 3 d_model, often a new page per token:
+read in place, a key tile would touch a page per key and miss the TLB.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def _softmax_row(work, row, nv, klim, r, ldv, vc2, scale):
     _, S, O, mrow, lrow = work
     W = lanes(S)
     zero = vsplat(S, 0.0)
-    # two running maxima: one vmax chain waits on its own latency (4 cycles a vector)
+    # two running maxima: one vmax chain would wait on its own latency at every vector
     mx = vsplat(S, -math.inf)
     mx2 = mx
     # nv <= 0 for a row the causal mask hides the whole tile from (a key tile that

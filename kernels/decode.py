@@ -6,10 +6,10 @@ One new token per sequence goes through
     h_l    = Block_l(h_{l-1}; cache_l), l = 1..n  the stack, each block over its KV cache
     logits = LN_f(h_n) @ E^T                      the tied vocabulary head, one row a sequence
 
-in one crossing from Python into compiled code.  A step streams every weight once (~0.5 GB
-at GPT-2 small's size) and leaves the host's caches cold for the Python around it, so each
-Python step a decode loop takes costs several times its warm price; tblock.GPT2's prepared
-step (tblock.backends.numba.DecodeStep) checks a cache list once and then calls only this.
+in one crossing from Python into compiled code.  A step streams every weight once and
+leaves the host's caches cold for the Python around it, so each Python step a decode loop
+takes costs far more than it would warm; a model's prepared step
+(tblock.backends.numba.DecodeStep) checks a cache list once and then calls only this.
 
 The stack is kernels.block's cached build and the head kernels.lm_head's, reached through
 their addresses (both are standalone kernels), so this body compiles in moments and the

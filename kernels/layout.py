@@ -93,8 +93,7 @@ def weight_layout(d, dff, NR):
 def rows_per_task(rows, cap, nthr):
     """Rows per task for a stage over ``rows`` rows: at most ``cap``, a multiple of the
     micro-tile height, and as many tasks as a multiple of the thread count nthr, so that
-    no thread idles at the end (128 rows in 48-row tasks left one of two cores idle for
-    a third of the FFN)."""
+    no thread idles at the end while the other runs a last task (docs/perf-log.md)."""
     ntask = ceil_div(ceil_div(rows, cap), nthr) * nthr
     return max(MR, ceil_div(ceil_div(rows, ntask), MR) * MR)
 

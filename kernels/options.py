@@ -31,8 +31,7 @@ JIT = dict(fastmath=FASTMATH, cache=CACHE_PATH is not None, nogil=True, error_mo
 
 # What ``parallel=True`` means for a kernel: explicit prange loops only.  The kernels write
 # every loop they want parallel as a prange; Numba's search for implicitly parallel array
-# expressions and loops to fuse only adds compile time (a third of the parallel block's
-# ParforPass).
+# expressions and loops to fuse only adds compile time (docs/perf-log.md).
 PRANGE_ONLY = dict(comprehension=False, reduction=False, inplace_binop=False, setitem=False, numpy=False,
                    stencil=False, fusion=False, prange=True)
 
@@ -49,14 +48,17 @@ class KernelDispatcher(CPUDispatcher):
     (_canonical), so that a kernel is compiled once per dtype, not once per combination of
     argument types at its call sites, each a full LLVM compile:
 
-    * without literal constants: the parallel block built gemm_panels nine times, for
-      offsets of 0 and flags of True or False;
+    * without literal constants: offsets of 0 and flags of True or False would each
+      make a build of their own;
     * every integer an intp: a parallel loop's index is an int64 while Numba types the
       function and a uint64 in the loop body it compiles, so every task called with its
-      index was built twice;
+      index would be built twice;
     * the arrays a kernel only reads (its ``readonly`` parameters) read-only: a writeable
       array converts to a read-only one, so a scratch buffer and the caller's input share
-      one build (micro_kernel was built three times)."""
+      one build.
+
+    Records (kernels.records) are typed as they come: Numba converts no named tuple to
+    another, so each is built with the same field types everywhere."""
 
     readonly_positions = ()
     standalone = False
@@ -265,7 +267,7 @@ def claim(typingctx, plan, s, col, nthr):
     intp array (stages, columns)), atomically when nthr > 1.  Numba's OpenMP layer splits a
     prange statically, half the iterations to each of two threads whatever they cost;
     threads that claim tasks one at a time from a shared counter balance themselves.  One
-    thread just counts (an atomic costs ~20 cycles, and the toy block runs a dozen tasks)."""
+    thread just counts: an atomic would be pure cost on a small block's many short tasks."""
     if not _counter_args(plan, s, col, nthr):
         raise TypingError(f"claim: a writable 2-D intp array and three integers, not {plan}, {s}, {col}, {nthr}")
 

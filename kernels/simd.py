@@ -380,9 +380,8 @@ def _emit_exp2(builder, t):
     k comes from adding 1.5 * 2^mant: the sum rounds t to the nearest integer (ties to
     even, like rint) and holds k in its low mantissa bits, so shifting the sum's bits
     left by mant gives k's exponent-field increment directly; the polynomial is in f
-    with ln 2 folded into its coefficients.  Against rint, a float-to-int conversion and
-    a multiply by ln 2 this is 3 of ~19 vector operations fewer on the softmax's hot loop
-    (and no less accurate: docs/perf-log.md)."""
+    with ln 2 folded into its coefficients: no rint, float-to-int conversion or multiply
+    by ln 2 on the softmax's hot loop, and no less accurate (docs/perf-log.md)."""
     vtype = t.type
     bits = 32 if isinstance(vtype.element, ir.FloatType) else 64
     n = vtype.count

@@ -42,9 +42,9 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     The hidden layer is made FF_CHUNK columns at a time: up-projection of the chunk,
     bias + activation, then its band of W_2 rows accumulated onto out.  The (m, FF_CHUNK)
     hidden chunk is the only place the hidden layer exists, and it stays in L2 while the
-    down-projection reads it once per output panel (a whole (192, 3072) hidden tile
-    spilled to L3 and was read back 12 times).  The summation order over d_ff is the
-    same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
+    down-projection reads it once per output panel (a whole (MF, d_ff) hidden tile spills
+    to L3 and is read back from there once per panel).  The summation order over d_ff is
+    the same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
     NR = panel_lanes(Wf)
     o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
     ch = min(FF_CHUNK, panels(dff, NR) * NR)

@@ -228,7 +228,7 @@ def test_batched_ids_give_each_sequence_its_own_logits(ckpt, rng, backend):
 def test_the_parallel_head_on_a_longer_batch(tmp_path, rng):
     """Rows past one head task (HEAD_ROWS) and more column panels than one group: the
     parallel kernel's task split, against the reference."""
-    from tblock.kernels.lm_head import HEAD_PANELS, HEAD_ROWS
+    from tblock.kernels.tiles import HEAD_PANELS, HEAD_ROWS
     from tblock.kernels.gemm import panel_width
     vocab = panel_width(np.float32) * HEAD_PANELS + 37          # two panel groups, the last ragged
     cfg = dict(SMALL, vocab_size=vocab, n_positions=300, n_layer=1)

@@ -139,7 +139,7 @@ def test_long_chunks_after_a_prefix(backend, dtype):
     """Chunks longer than the numba backend's query tile (BQ = 384) after cached tokens: the
     new keys and values are stored in a stage of their own before the query tiles attend,
     where a chunk of one tile appends and attends in the same task."""
-    from tblock.kernels.stages import BQ
+    from tblock.kernels.tiles import BQ
     cfg = tblock.BlockConfig(d_model=24, n_heads=3, d_ff=32, norm="pre", ffn_bias=True, ln_affine=True,
                              attn_bias=True)
     T, B = 2 * BQ + 40, 2
@@ -156,7 +156,7 @@ def key_counts(nr):
     key; a K^T panel of nr keys less one, whole, one more; an odd count of panels (the
     numba kernel takes two at a time); a key tile of BK less one, whole, one more; three
     tiles, the last part-filled with an odd panel count and an odd key count."""
-    from tblock.kernels.stages import BK
+    from tblock.kernels.tiles import BK
     return sorted({1, nr - 1, nr, nr + 1, 3 * nr - 5, BK - 1, BK, BK + 1, 2 * BK + nr + 3})
 
 

@@ -150,7 +150,7 @@ def test_ffn_chunk_edges(norm, d_ff):
     """The FFN makes its hidden layer FF_CHUNK (256) columns at a time: d_ff just under,
     at and over one chunk, a partial last chunk and a partial last panel, with biases
     and LayerNorm affines, for the serial (T=5) and the parallel (T=70) block."""
-    from tblock.kernels.stages import FF_CHUNK
+    from tblock.kernels.tiles import FF_CHUNK
     assert FF_CHUNK == 256                        # the d_ff values above are chosen around it
     cfg = tblock.BlockConfig(d_model=40, n_heads=4, d_ff=d_ff, norm=norm, ffn_bias=True, ln_affine=True)
     w = random_weights(cfg, 7)
