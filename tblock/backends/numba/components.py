@@ -31,15 +31,14 @@ DRIVER_JIT = {**JIT, "cache": False}
 
 
 @njit(parallel=True, **DRIVER_JIT)
-def _projection(A, lda, rows, K, Wf, b_off, N, C, ldc, bias_off, nthr):
-    """C[0:rows, 0:N] = A[0:rows, 0:K] @ (the packed matrix at Wf[b_off]) + (the padded bias
-    at Wf[bias_off]), split into tasks as the block's QKV and W_O stages are (stage_grid)."""
-    NR = panel_lanes(Wf)
-    npn = panels(N, NR)
+def _projection(A, a, rows, Wf, b, C, c, bias_off, nthr):
+    """C[0:rows, 0:n] = A[0:rows, 0:k] @ B + (the padded bias at Wf[bias_off]), a and c the
+    Rows of A and C, b the Panels of B in Wf; split into tasks as the block's QKV and W_O
+    stages are (stage_grid)."""
+    npn = panels(b.n, panel_lanes(Wf))
     mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
     for t in prange(ntasks):
-        gemm_block(A, Rows(0, lda), Wf, Panels(b_off, K * NR, K, N), C, Rows(0, ldc),
-                   task_tile(t, groups, mc, rows, npn), False, bias_off)
+        gemm_block(A, a, Wf, b, C, c, task_tile(t, groups, mc, rows, npn), False, bias_off)
 
 
 @njit(parallel=True, **DRIVER_JIT)
@@ -84,11 +83,12 @@ def components(cfg, weights, dtype):
         step = packed_len(d, d, NR)     # W_q, W_k, W_v are packed one after another
         bstep = bias_len(d, NR)         # and so are their biases
         for j in range(3):              # Q, K, V: columns j*d.. of the (T, 3d) rows
-            parallel_call(_projection, X.reshape(-1), d, T, d, Wf, o_qkv + j * step, d, qkv[j * d:], 3 * d,
-                          o_bqkv + j * bstep, pass_threads=True)
+            parallel_call(_projection, X.reshape(-1), Rows(0, d), T, Wf, Panels(o_qkv + j * step, d * NR, d, d),
+                          qkv[j * d:], Rows(0, 3 * d), o_bqkv + j * bstep, pass_threads=True)
         parallel_call(attention_core, qkv, T, d, n_heads, cfg.causal)
         out = np.empty((T, d), dtype=dtype)
-        parallel_call(_projection, qkv, 3 * d, T, d, Wf, o_o, d, out.reshape(-1), d, o_bo, pass_threads=True)
+        parallel_call(_projection, qkv, Rows(0, 3 * d), T, Wf, Panels(o_o, d * NR, d, d), out.reshape(-1), Rows(0, d),
+                      o_bo, pass_threads=True)
         return out
 
     def ffn(X):
