@@ -45,8 +45,9 @@ code once, not once a block, and takes its scratch from the cache (work_len).
 Each body is written once and compiled into two builds defined by name:
 ``one_block_serial`` and ``one_block_parallel`` are ``_one_block`` without and with threads
 for its prange loops (options.build), and ``cached_serial`` and ``cached_parallel`` each
-hand ``_cached`` (inlined into both) the build of the block it runs.  A call's dimensions, caches and buffers travel
-as records (kernels.records); from Python, as plain tuples in the same order.
+hand ``_cached`` (inlined into both) the build of the block it runs.  A call's
+dimensions, caches and buffers travel as records (kernels.records); from Python, as plain
+tuples in the same order.
 
 Threading: Numba's threads do all the work in parallel regions, one region at a time,
 and every kernel inside a task is serial; no BLAS is called, so nothing else competes
