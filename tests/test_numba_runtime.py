@@ -25,8 +25,8 @@ def test_four_threads_give_the_serial_results():
         w = tblock.init_weights(cfg, i)
         H = np.random.default_rng(i).standard_normal((2, T, d)).astype(np.float32)
         cases.append((cfg, w, H))
-    assert nb._block_flops(2, 600, 64, 256, False) >= nb.PARALLEL_MIN_FLOPS      # really parallel
-    assert nb._block_flops(2, 4, 8, 32, True) < nb.PARALLEL_MIN_FLOPS            # really serial
+    assert nb.packing.block_flops(2, 600, 64, 256, False) >= nb.parallel.PARALLEL_MIN_FLOPS      # really parallel
+    assert nb.packing.block_flops(2, 4, 8, 32, True) < nb.parallel.PARALLEL_MIN_FLOPS            # really serial
     serial = [tblock.forward(H, w, cfg, backend="numba") for cfg, w, H in cases]
 
     results, errors = {}, []
@@ -104,11 +104,11 @@ def test_prepared_weights_are_cached_per_dtype():
     w = tblock.init_weights(cfg, 0)
     H = np.zeros((3, 16), np.float32)
     tblock.forward(H, w, cfg, backend="numba")
-    flat = w._cache[(nb._KEY, "f")]
+    flat = w.prepared_state[(nb.packing.PACKED, "f")]
     tblock.forward(H, w, cfg, backend="numba")
-    assert w._cache[(nb._KEY, "f")] is flat and not flat.flags.writeable
+    assert w.prepared_state[(nb.packing.PACKED, "f")] is flat and not flat.flags.writeable
     tblock.forward(H.astype(np.float64), w, cfg, backend="numba")
-    assert w._cache[(nb._KEY, "d")].dtype == np.float64
+    assert w.prepared_state[(nb.packing.PACKED, "d")].dtype == np.float64
 
 
 def test_the_compiled_block_is_cacheable():
