@@ -156,7 +156,11 @@ def test_tiny_report_has_the_limits_and_the_roofline(tiny):
     lim = data["limits"]
     assert data["schema"] == report.SCHEMA
     for dt in ("float32", "float64"):
-        assert lim["peak"][dt]["gflops"] == max(lim["peak"][dt]["start_gflops"], lim["peak"][dt]["end_gflops"])
+        # measured at the start, after each backend and at the end: the best of them
+        assert len(lim["peak"][dt]["samples_gflops"]) == len(data["backends"]) + 2
+        assert lim["peak"][dt]["gflops"] == max(lim["peak"][dt]["samples_gflops"])
+    for lv in lim["bandwidth"]:
+        assert lv["read_GBs"] == max(lv["samples_GBs"]) and len(lv["samples_GBs"]) == len(data["backends"]) + 2
     assert lim["peak"]["float32"]["lanes"] == 2 * lim["peak"]["float64"]["lanes"]
     for rec in data["backends"].values():
         peak = lim["peak"][rec["compute_dtype"]]["gflops"]

@@ -95,7 +95,7 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
         steps = len(opts.T_list) * (len(opts.backends) * len(COMPONENTS) + n_peers) + 1
         progress = Progress(steps, progress_stream)
         try:
-            data.update(run_sweep(opts, sets, progress))
+            data.update(run_sweep(opts, sets, progress, between=lambda: remeasure(data["limits"])))
             t0 = time.perf_counter()
             data["decode"] = time_decode(opts, data["backends"])
             clock["decode_s"] = time.perf_counter() - t0

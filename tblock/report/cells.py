@@ -45,7 +45,3 @@ def bytes_text(n):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
-
-
-def num(x):
-    return "-" if x is None else f"{x:.1f}"

@@ -88,25 +88,26 @@ def measure_limits(threads: int, gemm_sizes, with_torch: bool, runs: int = 3) ->
     for dt in DTYPES:
         lanes = p["vector_bytes"] // np.dtype(dt).itemsize
         g = fma_peak(threads, dt, runs)
-        out["peak"][dt] = {"gflops": g, "start_gflops": g, "lanes": lanes,
+        out["peak"][dt] = {"gflops": g, "samples_gflops": [g], "lanes": lanes,
                            "accumulators": peak.fma_registers() * 3 // 4}
     for lv in peak.read_bandwidths(threads, cache_levels()):
-        out["bandwidth"].append({**lv, "start_GBs": lv["read_GBs"]})
+        out["bandwidth"].append({**lv, "samples_GBs": [lv["read_GBs"]]})
     return out
 
 
 def remeasure(limits: dict, runs: int = 3) -> None:
-    """Measure the peaks and bandwidths again (at the end of the run) and keep the better of
-    the two: a limit is what the machine can do, and a busy moment only hides it."""
+    """Measure the peaks and bandwidths again (between the backends' sweeps and at the end)
+    and keep the best of every measurement so far: a limit is what the machine can do, and
+    a moment when other processes held a core only hides it."""
     from ..perf import peak
     threads = limits["threads"]
     for dt, p in limits["peak"].items():
-        p["end_gflops"] = fma_peak(threads, dt, runs)
-        p["gflops"] = max(p["start_gflops"], p["end_gflops"])
+        p["samples_gflops"].append(fma_peak(threads, dt, runs))
+        p["gflops"] = max(p["samples_gflops"])
     for lv in limits["bandwidth"]:
         if lv["name"] == "DRAM":
             m = peak.memory_bandwidth(threads, nbytes=lv["buffer_bytes"], runs=lv["runs"])
         else:
             m = peak.cache_bandwidth(lv["buffer_bytes"], threads, lv["runs"])
-        lv["end_GBs"] = m["read_GBs"]
-        lv["read_GBs"] = max(lv["start_GBs"], lv["end_GBs"])
+        lv["samples_GBs"].append(m["read_GBs"])
+        lv["read_GBs"] = max(lv["samples_GBs"])

@@ -4,7 +4,7 @@ functions of the JSON, like the rest of report.md (tblock.report.markdown)."""
 from __future__ import annotations
 
 from ..backends.components import COMPONENTS
-from .cells import LABELS, bytes_text, flops_text, ms, num, table
+from .cells import LABELS, bytes_text, flops_text, ms, table
 
 SOFTMAX_NOTE = (
     "The standalone softmax normalises a materialised (n_heads, T, T) score array and writes the "
@@ -20,21 +20,20 @@ def limits_section(data: dict) -> list[str]:
     lim = data["limits"]
     isa, n = lim["isa"], lim["threads"]
     L = ["## Machine limits", "",
-         f"Measured in this run on {n} thread{'s' if n > 1 else ''}, at the start and again at the end of "
-         "the sweep; the better of the two is used (a limit is what the machine can do, a busy moment only "
-         f"hides it). Vector path: **{isa['name']}** ({isa['vector_bytes'] * 8}-bit vectors"
+         f"Measured in this run on {n} thread{'s' if n > 1 else ''}: at the start, after each backend's "
+         "sweep and at the end; the best of these is used (a limit is what the machine can do, a moment when "
+         f"other processes held a core only hides it). Vector path: **{isa['name']}** ({isa['vector_bytes'] * 8}-bit vectors"
          + (", forced by TBLOCK_ISA" if isa.get("forced") else "") + ").", ""]
     rows = []
     for dt, p in lim["peak"].items():
         rows.append([f"{dt} FMA peak", f"**{p['gflops']:.1f} GFLOP/s**",
                      f"{p['accumulators']} independent chains of {isa['vector_bytes'] * 8}-bit FMAs ({p['lanes']} "
-                     f"lanes) per thread, no memory traffic; start {p['start_gflops']:.1f}, end "
-                     f"{num(p.get('end_gflops'))}"])
+                     f"lanes) per thread, no memory traffic; {_spread(p['samples_gflops'])}"])
     for lv in lim["bandwidth"]:
         held = "main memory" if lv["capacity_bytes"] is None else f"holds {bytes_text(lv['capacity_bytes'])} on {n} threads"
         rows.append([f"{lv['name']} read bandwidth", f"**{lv['read_GBs']:.1f} GB/s**",
                      f"{held}: a {bytes_text(lv['buffer_bytes'])} buffer summed with vector loads, best of "
-                     f"{lv['runs']}; start {lv['start_GBs']:.1f}, end {num(lv.get('end_GBs'))}"])
+                     f"{lv['runs']}; {_spread(lv['samples_GBs'])}"])
     for dt, g in lim["blas_gemm"].items():
         runs = ", ".join(f"{r['library']} n={r['n']}: {r['gflops']:.1f}" for r in g["runs"])
         rows.append([f"{dt} BLAS GEMM (reference)", f"{g['gflops']:.1f} GFLOP/s", f"{g['source']}; {runs}"])
@@ -43,6 +42,11 @@ def limits_section(data: dict) -> list[str]:
     return L + ["The float32 and float64 limits below are the FMA peaks. The BLAS's GEMM is a reference line, "
                 "not a limit: it shows what the BLAS in use reaches, with the kernel it runs"
                 + (f". **Note**: {note}." if note else ".") if lim["blas_gemm"] else "", ""]
+
+
+def _spread(samples) -> str:
+    """The measurements a limit is the best of."""
+    return f"{len(samples)} measurements, {min(samples):.1f}–{max(samples):.1f}"
 
 
 def roofline_section(data: dict) -> list[str]:

@@ -64,10 +64,11 @@ def prepare_all(opts: ReportOptions) -> dict:
     return sets
 
 
-def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None) -> dict:
+def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None, between=None) -> dict:
     """Time every component of every prepared backend at every T; returns the JSON-ready
     results. Backend by backend, so one library's idle-spinning thread pool (OpenBLAS spins
-    for a while after each call) does not steal cores from the next library's calls."""
+    for a while after each call) does not steal cores from the next library's calls;
+    ``between()``, when given, runs after each backend's sweep."""
     cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
     dtype = np.dtype(opts.dtype)
     kind = "causal" if cfg.causal else "full"
@@ -120,6 +121,8 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None)
                     progress.step(f"{b} T={T} {c}")
             del inputs
         rec["sweep_s"] = time.perf_counter() - t_backend
+        if between:
+            between()
     return {"config": {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_k": cfg.d_k, "d_ff": cfg.d_ff,
                        "causal": cfg.causal, "norm": cfg.norm, "activation": cfg.activation,
                        "dtype": str(dtype), "batch": 1},
