@@ -442,3 +442,13 @@ def test_a_failing_component_is_reported_not_fatal(monkeypatch, tmp_path, capsys
     rows = {r["component"]: r for r in data["backends"]["numpy"]["results"]}
     assert rows["ffn"]["status"] == "error" and rows["block"]["status"] == "ok"
     assert "error (FloatingPointError" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("start,end,own,warned", [(0.2, 1.8, 2, False), (0.7, 1.0, 2, True), (0.2, 2.6, 2, True),
+                                                  (0.2, 0.6, 0, True), (0.2, 1.4, 1, False)])
+def test_the_load_warning_does_not_count_the_reports_own_threads(start, end, own, warned):
+    m = {"loadavg_start": [start, 0, 0], "loadavg_end": [end, 0, 0], "usable_cores": 2}
+    busy = report.load_warning(m, own)
+    assert (busy is not None) == warned
+    if warned:
+        assert f"{start:.2f} at the start and {end:.2f} at the end" in busy

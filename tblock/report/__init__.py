@@ -148,7 +148,7 @@ def run_report(opts: ReportOptions, command: str = "tblock report", out=print, p
         for r in rec["results"]:
             if r["status"] == "error":
                 out(f"error: {b} {r['component']} at T={r['T']}: {r['reason']}")
-    busy = load_warning(data["machine"])
+    busy = load_warning(data["machine"], data["threads"]["requested"])
     if busy:
         out(f"warning: {busy}")
     out(f"wrote {opts.out}/report.md, report.json" + (", " + ", ".join(data["plots"]["files"]) if data["plots"]["files"]

@@ -40,7 +40,7 @@ def _header(data: dict) -> list[str]:
          + (" Time spent: limits {:.0f} s, ".format(data["clock"]["limits_s"])
             + ", ".join(f"{b} {t:.0f} s" for b, t in data["clock"]["sweep_s"].items()) + "."
             if data.get("clock") else "")]
-    busy = load_warning(m)
+    busy = load_warning(m, data["threads"]["requested"])
     if busy:
         L += [f"- **Warning**: {busy}"]
     if opts.get("unavailable"):
@@ -244,11 +244,13 @@ def _crossing_cell(x: dict) -> str:
     return f"> {Ts[-1]}" + (f" (trend ≈ {fmt_T(x['extrapolated_T'])})" if x.get("extrapolated_T") else "")
 
 
-def load_warning(m: dict) -> str | None:
-    """A line when other processes competed for the cores while the report ran."""
-    loads = [x[0] for x in (m.get("loadavg_start"), m.get("loadavg_end")) if x]
-    if loads and max(loads) > 0.5:
-        return (f"the 1-minute load average reached {max(loads):.2f} on {m['usable_cores']} usable cores: other "
+def load_warning(m: dict, own: int = 0) -> str | None:
+    """A line when other processes competed for the cores while the report ran.  The load at
+    the end counts the report's own ``own`` threads too, so it is held to 0.5 above them."""
+    start, end = (x[0] if x else 0.0 for x in (m.get("loadavg_start"), m.get("loadavg_end")))
+    if start > 0.5 or end > own + 0.5:
+        return (f"the 1-minute load average was {start:.2f} at the start and {end:.2f} at the end (the report's "
+                f"own {own} thread{'s' if own != 1 else ''} included) on {m['usable_cores']} usable cores: other "
                 "processes competed for the cores, so the timings are noisy: a multi-threaded call waits at "
                 "each barrier for a thread that lost its core, often a whole scheduler tick (4 ms). Rerun on "
                 "a quiet machine for numbers to quote, or with --threads 1 for steadier single-core numbers")
