@@ -149,7 +149,8 @@ def _roofline(data, Figure):
         ax.plot([x0, knee], [x0 * lv["read_GBs"], top], color="black" if main else str(0.35 + 0.4 * j / n_lv),
                 lw=1.6 if main else 0.9, ls="-" if main else "--",
                 label=f"{lv['name']} read bandwidth {lv['read_GBs']:.0f} GB/s")
-        ax.annotate(lv["name"], (knee, top), xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=7)
+        ax.annotate(lv["name"], (knee, top), xytext=(-4, 3 + 9 * (j % 2)), textcoords="offset points", ha="right",
+                    fontsize=7)
     fastest = max(lv["read_GBs"] for lv in lim["bandwidth"])
     for dt, g in peaks.items():          # flat from where the fastest level's roof reaches it
         ax.plot([g / fastest, x1], [g, g], color="black" if dt == cfg["dtype"] else "dimgray", lw=1.6,
@@ -179,7 +180,7 @@ def _roofline(data, Figure):
     ys = [p[4] for p in pts] + [x0 * min(lv["read_GBs"] for lv in lim["bandwidth"])]
     ax.set_ylim(min(ys) / 2, top * 2)
     _log_axes(ax, "arithmetic intensity (FLOPs per byte moved at least)", "GFLOP/s",
-              f"Roofline: d_model={cfg['d_model']}, {cfg['dtype']}, {lim['threads']} threads, "
-              f"T={Ts[0]}..{Ts[-1]} (marker size grows with T)")
+              f"Roofline: d_model={cfg['d_model']}, {cfg['dtype']}, T={Ts[0]}..{Ts[-1]} (marker size grows with T)\n"
+              f"{data['machine']['cpu']}, {lim['isa']['name']} path, {lim['threads']} threads")
     ax.legend(**OUTSIDE)
     return fig
