@@ -14,6 +14,7 @@ from .options import PLOTS
 COLORS = dict(zip(COMPONENTS, ("tab:gray", "tab:purple", "tab:orange", "tab:red", "tab:blue", "black")))
 STYLES = dict(zip(BACKENDS, ("-", "--", ":", "-.")))
 MARKERS = dict(zip(BACKENDS, ("o", "s", "^", "D")))
+BACKEND_COLORS = dict(zip(BACKENDS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
 # legends go to the right of their axes, outside the data
 TIME_LABELS = {"softmax": "softmax, standalone: writes the\n(n_heads, T, T) probabilities,\nwhich the block never does"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0, "fontsize": 7}
@@ -107,7 +108,7 @@ def _gflops_vs_T(data, Figure):
             res = [r for r in rec["results"] if r["component"] == c and r["status"] == "ok"]
             if res:
                 ax.plot([r["T"] for r in res], [r["gflops"] for r in res], marker=MARKERS.get(b, "o"),
-                        ls=STYLES.get(b, "-"), ms=3, label=f"{b} ({rec['compute_dtype']})")
+                        ls=STYLES.get(b, "-"), ms=3, color=BACKEND_COLORS.get(b), label=f"{b} ({rec['compute_dtype']})")
         for dt, p in lim["peak"].items():
             ax.axhline(p["gflops"], color="black" if dt == cfg["dtype"] else "gray", lw=1.0,
                        label=f"{dt} FMA peak {p['gflops']:.0f}")
