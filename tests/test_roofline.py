@@ -230,3 +230,18 @@ def test_compare_refuses_an_unknown_schema(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert rc == 2 and "not a tblock report" in err and "tblock-report/2" in err
 
+
+
+def test_the_decode_step_is_na_without_a_causal_numba_block():
+    opts = report.ReportOptions(d_model=16, n_heads=2, T_list=[4], backends=["numpy"])
+    ok_block = {"numba": {"results": [{"T": 4, "component": "block", "status": "ok"}]}}
+    d = report.time_decode(report.ReportOptions(d_model=16, n_heads=2, T_list=[4], causal=False), ok_block)
+    assert d["status"] == "n/a" and "causal" in d["reason"]
+    d = report.time_decode(opts, {"numpy": {"results": [{"T": 4, "component": "block", "status": "ok"}]}})
+    assert d["status"] == "n/a" and "numba" in d["reason"]
+    # the roofline leaves an n/a step alone
+    lim = {"peak": {"float32": {"gflops": 100.0}}, "bandwidth": LEVELS}
+    data = {"limits": lim, "config": {"d_model": 16, "n_heads": 2, "causal": True, "dtype": "float32"},
+            "backends": {}, "decode": d}
+    roofline.add_roofline(data)
+    assert "pct_roof" not in d and data["roofline"]["above"] == []
