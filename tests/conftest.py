@@ -17,6 +17,23 @@ def proc(name: str, *args) -> list[str]:
         raise ValueError(f"no child program {name!r}: {script} does not exist")
     return [sys.executable, str(script), *map(str, args)]
 
+
+def cli_run(capsys, *args):
+    """``tblock ARGS`` in this process: (exit code, stdout, stderr)."""
+    from tblock import cli
+    rc = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(rc, err, command, *needles):
+    """The CLI's refusal: exit 2, one line on stderr naming the command and each needle."""
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"tblock {command}: error: "), err
+    for n in needles:
+        assert n in err, (n, err)
+
 # every backend that can run here; the oracle is always among them
 BACKENDS = tblock.available_backends()
 

@@ -2,9 +2,10 @@
 threads than the cores, sizes no machine's memory holds, a broken tokenizer.json."""
 
 import pytest
+from conftest import cli_run, one_line_error
 from test_gpt2 import hf_config, random_tensors, write_checkpoint
 
-from tblock import _runtime, cli
+from tblock import _runtime
 from tblock.perf import usable_cores
 from tblock.report import options
 
@@ -12,28 +13,14 @@ TINY = ["--d-model", "16", "--n-heads", "2", "--T-list", "4", "--backends", "num
         "--target-time", "0", "--ceiling-sizes", "32", "--no-plots", "--peers", "none"]
 
 
-def run(capsys, *args):
-    rc = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc, err, command, *needles):
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"tblock {command}: error: "), err
-    for n in needles:
-        assert n in err, (n, err)
-
-
 def test_more_threads_than_the_cores_are_refused(tmp_path, capsys):
     """Issue #31: --threads above the cores was accepted; numba capped it silently at its
     pool and the BLAS took it as given, so the report timed two different counts."""
     top = min(usable_cores(), _runtime.pool_size())
-    rc, out, err = run(capsys, "report", *TINY, "--threads", top + 1, "--out", tmp_path / "r")
+    rc, out, err = cli_run(capsys, "report", *TINY, "--threads", top + 1, "--out", tmp_path / "r")
     one_line_error(rc, err, "report", "--threads must be at most", f"got {top + 1}")
     assert list(tmp_path.iterdir()) == []
-    rc, out, err = run(capsys, "report", *TINY, "--threads", top, "--out", tmp_path / "r")
+    rc, out, err = cli_run(capsys, "report", *TINY, "--threads", top, "--out", tmp_path / "r")
     assert rc == 0, err
 
 
@@ -47,7 +34,7 @@ def test_sizes_no_memory_holds_are_refused_before_anything_runs(tmp_path, capsys
     system overcommits, the machine filling up)."""
     if options.physical_memory() is None:
         pytest.skip("this system does not say how much memory it has (os.sysconf)")
-    rc, out, err = run(capsys, "report", "--backends", "numpy", "--repeats", "1", "--peers", "none", *args,
+    rc, out, err = cli_run(capsys, "report", "--backends", "numpy", "--repeats", "1", "--peers", "none", *args,
                        "--out", tmp_path / "r")
     one_line_error(rc, err, "report", needle, "GiB", "this machine has")
     assert out == "" and list(tmp_path.iterdir()) == []
@@ -58,7 +45,7 @@ def test_an_out_of_memory_error_is_one_line(tmp_path, capsys, monkeypatch):
     def too_big(*a, **k):
         raise MemoryError("Unable to allocate 9.00 TiB for an array")
     monkeypatch.setattr("tblock.report.prepare_all", too_big)
-    rc, out, err = run(capsys, "report", *TINY, "--out", tmp_path / "r")
+    rc, out, err = cli_run(capsys, "report", *TINY, "--out", tmp_path / "r")
     one_line_error(rc, err, "report", "out of memory", "9.00 TiB")
     assert not (tmp_path / "r").exists()
 
@@ -84,7 +71,7 @@ def test_a_broken_tokenizer_json_is_one_line(checkpoint, tmp_path, capsys, conte
     for f in checkpoint.iterdir():
         (root / f.name).write_bytes(f.read_bytes())
     (root / "tokenizer.json").write_bytes(content)
-    rc, out, err = run(capsys, "generate", root, *prompt, "-n", 2, "--temperature", 0)
+    rc, out, err = cli_run(capsys, "generate", root, *prompt, "-n", 2, "--temperature", 0)
     one_line_error(rc, err, "generate", str(root / "tokenizer.json"), "not a tokenizers file")
     assert out == ""
 
@@ -97,6 +84,6 @@ def test_a_truncated_checkpoint_is_one_line(checkpoint, tmp_path, capsys):
     for f in checkpoint.iterdir():
         data = f.read_bytes()
         (root / f.name).write_bytes(data[:len(data) // 2] if f.suffix == ".safetensors" else data)
-    rc, out, err = run(capsys, "generate", root, "--ids", 1, "-n", 1)
+    rc, out, err = cli_run(capsys, "generate", root, "--ids", 1, "-n", 1)
     one_line_error(rc, err, "generate", "model.safetensors")
     assert out == ""

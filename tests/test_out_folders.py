@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_run, one_line_error
 
-from tblock import cli
 from tblock.lesson import FIGURES, demo_server
 
 # the smallest report: one backend, one T, no plots, no peers
@@ -23,20 +23,6 @@ REPORT = ["report.json", "report.md"]
 
 def tblock_cmd(*args):
     return [sys.executable, "-m", "tblock", *map(str, args)]
-
-
-def run(args, capsys):
-    rc = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc, err, command, *needles):
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"tblock {command}: error: "), err
-    for n in needles:
-        assert n in err, (n, err)
 
 
 def tree(folder):
@@ -93,7 +79,7 @@ def test_the_report_folder_itself_is_never_renamed_or_removed(tmp_path, capsys, 
     for name, real in (("rename", real_rename), ("replace", real_replace), ("rmdir", real_rmdir)):
         monkeypatch.setattr(os, name, refuse(real))
     for _ in range(2):
-        rc, out_text, err = run(["report", *TINY, "--out", out], capsys)
+        rc, out_text, err = cli_run(capsys, "report", *TINY, "--out", out)
         assert rc == 0, err
         assert sorted(p.name for p in out.iterdir()) == REPORT
     assert [e.name for e in tmp_path.iterdir()] == ["rep"]
@@ -137,10 +123,10 @@ def test_force_replaces_a_symlink_never_what_it_points_to(tmp_path, capsys):
     out = tmp_path / "rep"
     out.mkdir()
     (out / "report.md").symlink_to(outside)
-    rc, _, err = run(["report", *TINY, "--out", out], capsys)
+    rc, _, err = cli_run(capsys, "report", *TINY, "--out", out)
     one_line_error(rc, err, "report", "report.md", "refusing")
     assert (out / "report.md").is_symlink()
-    rc, _, err = run(["report", *TINY, "--out", out, "--force"], capsys)
+    rc, _, err = cli_run(capsys, "report", *TINY, "--out", out, "--force")
     assert rc == 0, err
     assert not (out / "report.md").is_symlink() and "tblock report" in (out / "report.md").read_text()
     assert outside.read_text() == "the user's own notes"
@@ -158,7 +144,7 @@ def test_export_never_overwrites_a_users_page(tmp_path, capsys):
     target.write_text("// the user's script")
     (site / "demo.js").symlink_to(target)
     before = tree(site)
-    rc, _, err = run(["demo", "--export", site], capsys)
+    rc, _, err = cli_run(capsys, "demo", "--export", site)
     one_line_error(rc, err, "demo", "--export", "demo.js, index.html", "refusing", "--force")
     assert tree(site) == before and target.read_text() == "// the user's script"
 
@@ -192,14 +178,14 @@ def test_lesson_never_overwrites_a_users_figure(tmp_path, capsys):
     figs.mkdir()
     (figs / FIGURES[1]).write_bytes(b"\x89PNG the user's own picture")
     before = tree(figs)
-    rc, out, err = run(["lesson", "--out", figs], capsys)
+    rc, out, err = cli_run(capsys, "lesson", "--out", figs)
     one_line_error(rc, err, "lesson", FIGURES[1], "refusing", "--force")
     assert out == "" and tree(figs) == before          # refused before the walk-through
-    rc, out, err = run(["lesson", "--out", figs, "--force"], capsys)
+    rc, out, err = cli_run(capsys, "lesson", "--out", figs, "--force")
     assert rc == 0, err
     assert sorted(e.name for e in figs.iterdir()) == sorted(FIGURES)
     assert (figs / FIGURES[1]).read_bytes() != b"\x89PNG the user's own picture"
-    rc, out, err = run(["lesson", "--out", figs], capsys)      # its own figures: replaced
+    rc, out, err = cli_run(capsys, "lesson", "--out", figs)      # its own figures: replaced
     assert rc == 0, err
     assert [e.name for e in tmp_path.iterdir()] == ["figs"]
 
@@ -217,7 +203,7 @@ def test_a_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys, c
     (tmp_path / "file").write_text("not a folder")
     folder = {"file/sub": tmp_path / "file" / "sub", "file": tmp_path / "file",
               "proc": Path("/proc/tblock-no-such-folder/out"), "long": tmp_path / ("x" * 300) / "out"}[where]
-    rc, out, err = run([*COMMANDS[command], folder], capsys)
+    rc, out, err = cli_run(capsys, *COMMANDS[command], folder)
     one_line_error(rc, err, command)
     assert out == ""
     assert tree(tmp_path) == [("file", b"not a folder")]
