@@ -12,7 +12,8 @@ from .api import (BACKEND_MODULES, BackendUnavailable, Block, Stack, Trace, avai
 from .config import BlockConfig
 from .kvcache import KVCache
 from .counting import FlopCount, crossover_T, flops, param_breakdown, param_count
-from .weights import BlockWeights, init_weights
+from .formats import FORMATS, QuantizedMatrix
+from .weights import BlockWeights, init_weights, quantize
 from .worked_example import LESSON_PRINTED, load_worked_example
 
 __version__ = "0.1.0"
@@ -44,10 +45,10 @@ def warmup() -> None:
     warm_all()
 
 __all__ = [
-    "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FlopCount", "KVCache",
+    "BACKEND_MODULES", "BackendUnavailable", "Block", "BlockConfig", "BlockWeights", "FORMATS", "FlopCount", "KVCache",
     "LESSON_PRINTED", "Stack", "Trace", "available_backends", "crossover_T", "flops", "forward",
     "get_num_threads", "init_weights", "isa", "load_worked_example", "param_breakdown", "param_count",
-    "set_num_threads", "threads", "warmup",
+    "QuantizedMatrix", "quantize", "set_num_threads", "threads", "warmup",
 ]
 
 # The lesson's lenses, its sidebars, the demo's model and the walk-through (tblock.lesson):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from .config import BlockConfig
+from .formats import QuantizedMatrix, check_format, quantize_matrix
 
 # (name, shape as a function of the config); the optional ones follow the flags
 MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
@@ -78,6 +79,7 @@ def _all_finite(a: np.ndarray) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class BlockWeights:
+    # the six matrices: float arrays, or all six QuantizedMatrix of one format (tblock.formats)
     w_q: np.ndarray              # (d_model, d_model) query projection, heads are column slices
     w_k: np.ndarray              # (d_model, d_model) key projection
     w_v: np.ndarray              # (d_model, d_model) value projection
@@ -105,12 +107,18 @@ class BlockWeights:
 
     def __post_init__(self):
         arrays = {}
+        stored = {n: getattr(self, n) for n in MATRICES if isinstance(getattr(self, n), QuantizedMatrix)}
+        if stored and (len(stored) < len(MATRICES) or len({m.format for m in stored.values()}) > 1):
+            kinds = ", ".join(f"{n}: {getattr(self, n).format if n in stored else 'float'}" for n in MATRICES)
+            raise ValueError(f"the six matrices must share one format, got {kinds}")
         for name in MATRICES + FFN_BIASES + LN_AFFINES + ATTN_BIASES:
             value = getattr(self, name)
             if value is None:
                 if name in MATRICES:
                     raise TypeError(f"{name} is required, got None")
                 continue
+            if name in stored:
+                continue                    # checked and frozen by QuantizedMatrix itself
             ndim = 2 if name in MATRICES else 1
             a = as_float_array(name, value, ndim)
             check_finite(name, a)
@@ -121,8 +129,9 @@ class BlockWeights:
             given = [n for n in group if arrays.get(n) is not None]
             if given and len(given) < len(group):
                 raise ValueError(f"{', '.join(group)} must be given together, got only {', '.join(given)}")
-        # one dtype for the whole set: float64 if any array is float64
-        dtype = np.result_type(*arrays.values()).newbyteorder("=")   # native byte order
+        # one dtype for the whole set: float64 if any array is float64; float32 beside
+        # stored matrices (their values are float32s)
+        dtype = np.dtype(np.float32) if stored else np.result_type(*arrays.values()).newbyteorder("=")
         for name, a in arrays.items():
             # a private, C-contiguous, read-only copy: later edits to the caller's
             # arrays cannot change (or invalidate the cached checks of) these weights
@@ -135,7 +144,33 @@ class BlockWeights:
 
     @property
     def dtype(self) -> np.dtype:
-        return self.w_q.dtype
+        """The float type the block computes in (float32 beside stored matrices)."""
+        w = self.w_q
+        return np.dtype(np.float32) if isinstance(w, QuantizedMatrix) else w.dtype
+
+    @property
+    def format(self) -> str:
+        """How the matrices are stored: "fp32", "fp64", or a stored format (tblock.formats)."""
+        w = self.w_q
+        return w.format if isinstance(w, QuantizedMatrix) else ("fp64" if w.dtype == np.float64 else "fp32")
+
+    @property
+    def quantized(self) -> bool:
+        return isinstance(self.w_q, QuantizedMatrix)
+
+    def matrix(self, name: str, dtype=None) -> np.ndarray:
+        """Matrix ``name`` as a float array: the array itself, or a stored one dequantized
+        (exactly) into ``dtype`` (default: self.dtype)."""
+        w = getattr(self, name)
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if isinstance(w, QuantizedMatrix):
+            return w.dequantize(dtype)
+        return w if w.dtype == dtype else w.astype(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of everything the block stores: what one token's pass reads."""
+        return sum(a.nbytes for a in self.arrays().values())
 
     @property
     def has_ffn_bias(self) -> bool:
@@ -174,7 +209,7 @@ class BlockWeights:
                              f"{'have' if self.has_attn_bias else 'lack'} b_q/b_k/b_v/b_o")
         for field_name, a in self.arrays().items():
             want = expected_shape(field_name, cfg)
-            if a.shape != want:
+            if tuple(a.shape) != want:
                 raise ValueError(f"{name}.{field_name} must have shape {want} for d_model={cfg.d_model}, "
                                  f"d_ff={cfg.d_ff}, got {a.shape}")
         self._cache[key] = True
@@ -202,6 +237,8 @@ class BlockWeights:
 
     def scaled(self, branch_scale: float) -> "BlockWeights":
         """A copy with the two residual-branch output matrices (w_o, w_ff2) times ``branch_scale``."""
+        if self.quantized:
+            raise TypeError(f"scaled() takes float weights, these are {self.format}: scale, then quantize")
         a = self.arrays()
         a["w_o"] = a["w_o"] * a["w_o"].dtype.type(branch_scale)
         a["w_ff2"] = a["w_ff2"] * a["w_ff2"].dtype.type(branch_scale)
@@ -259,3 +296,19 @@ def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: fl
         w.update(ln1_gamma=np.ones(d, dtype), ln1_beta=np.zeros(d, dtype),
                  ln2_gamma=np.ones(d, dtype), ln2_beta=np.zeros(d, dtype))
     return BlockWeights(**w)
+
+
+def quantize(weights: BlockWeights, format: str) -> BlockWeights:
+    """The same block with its six matrices stored in ``format`` (tblock.formats: "bf16",
+    "int8", "int4", or "fp32" for a float32 copy); biases and LayerNorm stay float32.
+    Every backend takes the result; each reads the stored bytes itself."""
+    if not isinstance(weights, BlockWeights):
+        raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
+    check_format(format)
+    if weights.quantized:
+        raise ValueError(f"weights are stored as {weights.format} already: quantize the float weights")
+    a = {n: np.asarray(v, np.float32) for n, v in weights.arrays().items()}
+    if format != "fp32":
+        for n in MATRICES:
+            a[n] = quantize_matrix(a[n], format, name=n)
+    return BlockWeights(**a)
