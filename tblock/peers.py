@@ -118,7 +118,7 @@ def _float32(w: BlockWeights, cfg: BlockConfig) -> dict:
     if not isinstance(cfg, BlockConfig):
         raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
     w.check(cfg)
-    return {k: np.asarray(a, np.float32) for k, a in w.arrays().items()}
+    return w.float_arrays(np.float32)
 
 
 def _batched(run):

@@ -167,6 +167,13 @@ class BlockWeights:
             return w.dequantize(dtype)
         return w if w.dtype == dtype else w.astype(dtype)
 
+    def float_arrays(self, dtype=None) -> dict[str, np.ndarray]:
+        """arrays() as float arrays of ``dtype`` (default: self.dtype), stored matrices
+        dequantized exactly: what a backend computing in floats multiplies by."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        return {n: self.matrix(n, dtype) if n in MATRICES else a.astype(dtype, copy=False)
+                for n, a in self.arrays().items()}
+
     @property
     def nbytes(self) -> int:
         """Bytes of everything the block stores: what one token's pass reads."""

@@ -176,7 +176,7 @@ def prepare(backend: str, cfg: BlockConfig, weights: BlockWeights, dtype=np.floa
     dtype = np.dtype(dtype)
     # the block's weights in the timed dtype, so a backend never converts them per call
     weights = weights if weights.dtype == dtype else BlockWeights(
-        **{k: a.astype(dtype) for k, a in weights.arrays().items()})
+        **weights.float_arrays(dtype))
     cs = api.get_backend(backend).components(cfg, weights, dtype)
     for name in COMPONENTS:
         if name not in cs.fns and name not in cs.missing:

@@ -173,7 +173,7 @@ CHECKS_FINITE = False
 def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace: bool):
     """Backend entry point: H is (B, T, d_model); returns float64 H_out and, if asked,
     the trace as a dict of arrays with a leading batch axis."""
-    w = {name: a.astype(np.float64) for name, a in weights.arrays().items()}
+    w = weights.float_arrays(np.float64)      # stored matrices dequantized exactly
     H = H.astype(np.float64)
     outs, traces = [], []
     for b in range(H.shape[0]):
@@ -190,7 +190,7 @@ def forward_cached(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, cache
     """The KV-cache entry point: H (B, T_new, d_model) holds the rows after the cache's
     first cache.length; returns their float64 H_out, having written their K and V into
     the cache (in its dtype) past cache.length (tblock.api then moves cache.length)."""
-    w = {name: a.astype(np.float64) for name, a in weights.arrays().items()}
+    w = weights.float_arrays(np.float64)      # stored matrices dequantized exactly
     H = H.astype(np.float64)
     return np.stack([block_forward_one(H[b], w, cfg, cached_attention(cache, b))[0]
                      for b in range(H.shape[0])])                     # (B, T_new, d_model)
@@ -203,7 +203,7 @@ def components(cfg, weights, dtype):
     cs = ComponentSet("numpy", cfg, dtype, np.dtype(np.float64))
     cs.notes.append("the numpy oracle computes in float64 whatever the input dtype, "
                     "and always fills the full T x T score square")
-    w = {k: a.astype(np.float64) for k, a in weights.arrays().items()}
+    w = weights.float_arrays(np.float64)
     ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
 
     def layernorm_(X):

@@ -120,7 +120,7 @@ def torch_module(w: BlockWeights, cfg: BlockConfig, dtype=np.float32):
         raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
     w.check(cfg)
     dtype = np.dtype(dtype)
-    a = w.arrays()
+    a = w.float_arrays()
 
     def t(x):
         # a private C-ordered copy: torch tensors must not share BlockWeights' read-only arrays

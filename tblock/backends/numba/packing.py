@@ -50,13 +50,14 @@ def pack_weights(weights, dtype) -> np.ndarray:
     flat = aligned_empty(total, dtype)
     flat[:] = 0
     cast = lambda a: np.asarray(a, dtype=dtype)
-    # the cast happens once here, so float64 weights with float32 inputs run in float32
+    # the cast happens once here, so float64 weights with float32 inputs run in float32;
+    # stored matrices (bf16, int8, int4) are widened here too, exactly
     step = packed_len(d, d, NR)         # W_q, W_k, W_v packed one after another
-    for j, w in enumerate((weights.w_q, weights.w_k, weights.w_v)):
-        pack_b(cast(w), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
-    pack_b(cast(weights.w_o), flat[o_o:o_1])
-    pack_b(cast(weights.w_ff1), flat[o_1:o_2])
-    pack_b(cast(weights.w_ff2), flat[o_2:o_b1])
+    for j, name in enumerate(("w_q", "w_k", "w_v")):
+        pack_b(weights.matrix(name, dtype), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
+    pack_b(weights.matrix("w_o", dtype), flat[o_o:o_1])
+    pack_b(weights.matrix("w_ff1", dtype), flat[o_1:o_2])
+    pack_b(weights.matrix("w_ff2", dtype), flat[o_2:o_b1])
     # absent biases / LN affines are stored as their identity (0, and gamma=1, beta=0):
     # x + 0 and y * 1 + 0 are exact, so the kernels never need to branch on them
     flat[o_b1:o_b1 + dff] = 0 if weights.b_ff1 is None else cast(weights.b_ff1)

@@ -18,7 +18,7 @@ from ..numpy import head_mix, head_probs
 def trace_weights(weights, dtype):
     """The weights as plain arrays of ``dtype`` for the materialising trace path."""
     def build(w):
-        a = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in w.arrays().items()}
+        a = {k: np.ascontiguousarray(v) for k, v in w.float_arrays(dtype).items()}
         d, dff = w.w_ff1.shape
         a.setdefault("b_ff1", np.zeros(dff, dtype))
         a.setdefault("b_ff2", np.zeros(d, dtype))
