@@ -8,6 +8,7 @@
  *   3. argument checks
  *   4. the math: static helpers that trust their arguments
  *   5. the entry points: check everything, then call the math
+ *   6. stored weight formats: tb_dequantize, its checks and its unpacking
  *
  * Loops index with size_t; every product of dimensions is computed once,
  * overflow-checked, in tb_sizes, before any loop runs.
@@ -44,6 +45,10 @@ static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
     [TB_ERR_NOT_CAUSAL]        = "TB_ERR_NOT_CAUSAL",
     [TB_ERR_CACHE_RANGE]       = "TB_ERR_CACHE_RANGE",
     [TB_ERR_CACHE_SIZE]        = "TB_ERR_CACHE_SIZE",
+    [TB_ERR_FORMAT]            = "TB_ERR_FORMAT",
+    [TB_ERR_BLOCK]             = "TB_ERR_BLOCK",
+    [TB_ERR_DATA_SIZE]         = "TB_ERR_DATA_SIZE",
+    [TB_ERR_NOT_FINITE]        = "TB_ERR_NOT_FINITE",
 };
 
 static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
@@ -72,6 +77,12 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_CACHE_RANGE]       = "the new tokens do not fit in the cache: past must be >= 0 and "
                                  "past + T_new <= max_T",
     [TB_ERR_CACHE_SIZE]        = "a key or value cache is shorter than (B, n_heads, max_T, d_k)",
+    [TB_ERR_FORMAT]            = "format is not TB_FMT_BF16 (0), TB_FMT_Q8_0 (1) or TB_FMT_Q4_0 (2)",
+    [TB_ERR_BLOCK]             = "d_in is not a multiple of 32, the inputs of one Q8_0 or Q4_0 block",
+    [TB_ERR_DATA_SIZE]         = "data_len is not exactly the stored size in bytes of a (d_in, d_out) "
+                                 "matrix in this format",
+    [TB_ERR_NOT_FINITE]        = "a stored value is not finite: a block's float16 scale (Q8_0, Q4_0) "
+                                 "or a bf16 weight is NaN or infinite",
 };
 
 const char *tb_status_name(int status)
@@ -959,5 +970,165 @@ tb_status tb_block_forward_cached(double *out, size_t out_len,
             copy(out + seq * s.Td, b.H_out, s.Td);
         }
     }
+    return TB_OK;
+}
+
+/* ======================================================================
+ * 6. Stored weight formats (tb_dequantize). The bytes are unpacked here,
+ *    apart from the Python side's numpy code, so that a packing or scale
+ *    bug there shows up as a difference instead of hiding in shared code.
+ *    The layouts are described above tb_format in tblock_ref.h.
+ * ====================================================================== */
+
+#define QBLOCK 32                     /* inputs per block of Q8_0 and Q4_0 */
+#define Q8_0_BYTES (2 + QBLOCK)       /* float16 scale, 32 int8 */
+#define Q4_0_BYTES (2 + QBLOCK / 2)   /* float16 scale, 16 bytes of two nibbles */
+
+/* The little-endian uint16 at p, read byte by byte so the host's byte order does not matter. */
+static unsigned le16(const uint8_t *p)
+{
+    return (unsigned)p[0] | ((unsigned)p[1] << 8);
+}
+
+/* An IEEE binary float held in the low bits of `bits`: 1 sign bit, exp_bits exponent
+ * bits, man_bits mantissa bits (float16: 5, 10; bfloat16: 8, 7). */
+static int small_float_finite(unsigned bits, int exp_bits, int man_bits)
+{
+    const unsigned all_ones = (1u << exp_bits) - 1;
+    return ((bits >> man_bits) & all_ones) != all_ones;   /* all ones: an Inf or a NaN */
+}
+
+/* Its value as a double, for a finite one. Exact: float16 and bfloat16 values, their
+ * subnormals included, all lie well inside double's range and precision. */
+static double small_float(unsigned bits, int exp_bits, int man_bits)
+{
+    const unsigned man = bits & ((1u << man_bits) - 1);
+    const unsigned exp = (bits >> man_bits) & ((1u << exp_bits) - 1);
+    const int bias = (1 << (exp_bits - 1)) - 1;
+    double v;
+    if (exp == 0)   /* zero or subnormal: 0.man * 2^(1 - bias), no implicit leading 1 */
+        v = ldexp((double)man, 1 - bias - man_bits);
+    else            /* normal: 1.man * 2^(exp - bias) */
+        v = ldexp((double)(man | (1u << man_bits)), (int)exp - bias - man_bits);
+    return (bits >> (exp_bits + man_bits)) & 1u ? -v : v;   /* -v keeps the sign of a zero */
+}
+
+static double fp16_at(const uint8_t *p) { return small_float(le16(p), 5, 10); }
+static double bf16_at(const uint8_t *p) { return small_float(le16(p), 8, 7); }
+
+/* What one stored unit is: a bf16 value (2 bytes, 1 input) or a block (32 inputs). */
+static int format_unit(int format, size_t *unit_bytes, size_t *unit_inputs)
+{
+    switch (format) {
+    case TB_FMT_BF16: *unit_bytes = 2;          *unit_inputs = 1;      return 1;
+    case TB_FMT_Q8_0: *unit_bytes = Q8_0_BYTES; *unit_inputs = QBLOCK; return 1;
+    case TB_FMT_Q4_0: *unit_bytes = Q4_0_BYTES; *unit_inputs = QBLOCK; return 1;
+    default:          return 0;
+    }
+}
+
+/* *n = doubles of W (d_in, d_out); *bytes = its stored size; *unit_bytes as format_unit. */
+static tb_status stored_sizes(int format, int64_t d_in, int64_t d_out, size_t *n, size_t *bytes,
+                              size_t *unit_bytes)
+{
+    size_t unit_inputs, i, o;
+    if (!format_unit(format, unit_bytes, &unit_inputs))
+        return TB_ERR_FORMAT;
+    if (d_in < 1 || d_out < 1)
+        return TB_ERR_DIM;
+    if (d_in % (int64_t)unit_inputs != 0)
+        return TB_ERR_BLOCK;
+    /* mul_size caps at TB_MAX_DOUBLES: stricter than needed for a count of bytes, never wrong */
+    if (!dim_size(d_in, &i) || !dim_size(d_out, &o) || !mul_size(i, o, n) ||
+        !mul_size(*n / unit_inputs, *unit_bytes, bytes))
+        return TB_ERR_OVERFLOW;
+    return TB_OK;
+}
+
+/* 1 when [a, a + a_bytes) and [b, b + b_bytes) share a byte. */
+static int bytes_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    const uintptr_t a0 = (uintptr_t)a, a1 = a0 + a_bytes;
+    const uintptr_t b0 = (uintptr_t)b, b1 = b0 + b_bytes;
+    return a0 < b1 && b0 < a1;
+}
+
+/* 1 when every unit's leading float is finite: each bf16 value, or each block's float16
+ * scale. Checked before anything is written, so an error leaves out untouched. */
+static int stored_finite(const uint8_t *data, size_t bytes, size_t unit_bytes, int format)
+{
+    const int exp_bits = format == TB_FMT_BF16 ? 8 : 5, man_bits = format == TB_FMT_BF16 ? 7 : 10;
+    for (size_t at = 0; at < bytes; at += unit_bytes)
+        if (!small_float_finite(le16(data + at), exp_bits, man_bits))
+            return 0;
+    return 1;
+}
+
+/* Stored row o holds column o of W: input i of it lands at out[i * d_out + o]. */
+
+static void unpack_bf16(double *out, const uint8_t *data, size_t d_in, size_t d_out)
+{
+    for (size_t o = 0; o < d_out; o++)
+        for (size_t i = 0; i < d_in; i++)
+            out[i * d_out + o] = bf16_at(data + 2 * (o * d_in + i));
+}
+
+static void unpack_q8_0(double *out, const uint8_t *data, size_t d_in, size_t d_out)
+{
+    const size_t blocks = d_in / QBLOCK;
+    for (size_t o = 0; o < d_out; o++) {
+        for (size_t b = 0; b < blocks; b++) {
+            const uint8_t *block = data + (o * blocks + b) * Q8_0_BYTES;
+            const double d = fp16_at(block);
+            for (size_t j = 0; j < QBLOCK; j++) {
+                const unsigned byte = block[2 + j];
+                const int q = byte < 128 ? (int)byte : (int)byte - 256;   /* the int8, two's complement */
+                out[(b * QBLOCK + j) * d_out + o] = d * (double)q;
+            }
+        }
+    }
+}
+
+static void unpack_q4_0(double *out, const uint8_t *data, size_t d_in, size_t d_out)
+{
+    const size_t blocks = d_in / QBLOCK, half = QBLOCK / 2;
+    for (size_t o = 0; o < d_out; o++) {
+        for (size_t b = 0; b < blocks; b++) {
+            const uint8_t *block = data + (o * blocks + b) * Q4_0_BYTES;
+            const double d = fp16_at(block);
+            for (size_t j = 0; j < half; j++) {
+                const unsigned byte = block[2 + j];
+                const int low = (int)(byte & 0x0Fu) - 8, high = (int)(byte >> 4) - 8;
+                out[(b * QBLOCK + j) * d_out + o] = d * (double)low;          /* input j */
+                out[(b * QBLOCK + j + half) * d_out + o] = d * (double)high;  /* input j + 16 */
+            }
+        }
+    }
+}
+
+tb_status tb_dequantize(double *out, size_t out_len, const uint8_t *data, size_t data_len,
+                        int format, int64_t d_in, int64_t d_out)
+{
+    size_t n, bytes, unit_bytes;
+    if (out == NULL || data == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(stored_sizes(format, d_in, d_out, &n, &bytes, &unit_bytes));
+    /* exactly: a longer buffer means the caller's idea of the shape or format differs */
+    if (data_len != bytes)
+        return TB_ERR_DATA_SIZE;
+    if (out_len < n)
+        return TB_ERR_OUTPUT_SIZE;
+    if (bytes_overlap(out, n * sizeof(double), data, bytes))
+        return TB_ERR_OVERLAP;
+    if (!stored_finite(data, bytes, unit_bytes, format))
+        return TB_ERR_NOT_FINITE;
+
+    /* every check passed: from here on nothing can fail */
+    if (format == TB_FMT_BF16)
+        unpack_bf16(out, data, (size_t)d_in, (size_t)d_out);
+    else if (format == TB_FMT_Q8_0)
+        unpack_q8_0(out, data, (size_t)d_in, (size_t)d_out);
+    else
+        unpack_q4_0(out, data, (size_t)d_in, (size_t)d_out);
     return TB_OK;
 }

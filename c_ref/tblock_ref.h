@@ -65,6 +65,10 @@ typedef enum {
     TB_ERR_NOT_CAUSAL,        /* a KV-cache call on a config with causal = 0 */
     TB_ERR_CACHE_RANGE,       /* past < 0, or past + T_new > max_T: the new rows do not fit in the cache */
     TB_ERR_CACHE_SIZE,        /* a key or value cache is shorter than (B, n_heads, max_T, d_k) */
+    TB_ERR_FORMAT,            /* tb_dequantize: format is not one of TB_FMT_* */
+    TB_ERR_BLOCK,             /* tb_dequantize: a blocked format's d_in is not a multiple of 32 */
+    TB_ERR_DATA_SIZE,         /* tb_dequantize: data_len is not exactly the stored size of the shape */
+    TB_ERR_NOT_FINITE,        /* tb_dequantize: a stored scale or bf16 value is NaN or infinite */
     TB_STATUS_COUNT           /* number of codes; not a code */
 } tb_status;
 
@@ -80,6 +84,21 @@ typedef enum {
     TB_ACT_GELU_ERF = 1,      /* 0.5 x (1 + erf(x / sqrt(2))), exact GELU */
     TB_ACT_RELU = 2           /* max(x, 0) */
 } tb_activation;
+
+/* How a quantized weight matrix W (d_in, d_out) is stored (tb_dequantize). The
+ * stored rows are W^T, one per output feature, as Hugging Face and GGUF files hold
+ * them; every multi-byte number is little-endian.
+ *   BF16: d_out rows of d_in uint16, each the top half of a float32.
+ *   Q8_0: d_out rows of d_in/32 blocks of 34 bytes: a float16 scale d, then 32
+ *         int8 q; input j of the block is d * q[j].
+ *   Q4_0: d_out rows of d_in/32 blocks of 18 bytes: a float16 scale d, then 16
+ *         bytes; byte j holds input j in its low nibble and input j+16 in its
+ *         high one, each worth d * (nibble - 8). */
+typedef enum {
+    TB_FMT_BF16 = 0,
+    TB_FMT_Q8_0 = 1,
+    TB_FMT_Q4_0 = 2
+} tb_format;
 
 /* The block's hyper-parameters. */
 typedef struct {
@@ -219,6 +238,16 @@ tb_status tb_block_forward_cached(double *out, size_t out_len,
                                   double *V_cache, size_t V_cache_len,
                                   const tb_config *cfg, const tb_weights *w,
                                   const tb_scratch *scratch);
+
+/* out (d_in, d_out) = the matrix W that data stores in `format` (a tb_format),
+ * row-major doubles in the row convention (X @ W): out[i * d_out + o] is input i
+ * of stored row o. Exact: every stored value is a double. data_len must be exactly
+ * the stored size in bytes (d_out * d_in * 2 for BF16, d_out * d_in / 32 * 34 for
+ * Q8_0, d_out * d_in / 32 * 18 for Q4_0), out_len >= d_in * d_out. A NaN or
+ * infinite scale (or bf16 value) is TB_ERR_NOT_FINITE, found before anything is
+ * written. */
+tb_status tb_dequantize(double *out, size_t out_len, const uint8_t *data, size_t data_len,
+                        int format, int64_t d_in, int64_t d_out);
 
 /* ---- cffi-cdef-end ---- */
 
