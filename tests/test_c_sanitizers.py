@@ -77,3 +77,36 @@ def test_c_reference_compiles_cleanly(tmp_path):
     built = _run([cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", f"-I{C_REF}",
                   "-c", str(SOURCES[0]), "-o", str(tmp_path / "test.o")])
     assert built.returncode == 0, built.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# tb_dequantize (the stored formats): c_ref/tests/test_formats.c, its own program
+
+FORMAT_SOURCES = [C_REF / "tests" / "test_formats.c", C_REF / "tblock_ref.c"]
+
+
+def test_format_tests_under_sanitizers(sanitizing_compiler, tmp_path):
+    """Every format by hand, every float16/bfloat16 pattern, random matrices, every error
+    path and buffers malloc'ed short of their shapes: no sanitizer report, no failed check."""
+    exe = tmp_path / "test_formats"
+    built = _run([sanitizing_compiler, "-std=c99", "-g", "-O1", *SANITIZE, f"-I{C_REF}",
+                  *map(str, FORMAT_SOURCES), "-lm", "-o", str(exe)])
+    assert built.returncode == 0, built.stderr
+    ran = _run([str(exe)], env={**os.environ, **SAN_ENV})
+    output = ran.stdout + ran.stderr
+    for report in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error"):
+        assert report not in output, output[-4000:]
+    assert ran.returncode == 0, output[-4000:]
+    summary = re.search(r"^(\d+) passed, (\d+) failed$", ran.stdout, re.MULTILINE)
+    assert summary, output[-4000:]
+    passed, failed = map(int, summary.groups())
+    assert failed == 0 and passed > 300, summary.group(0)
+
+
+def test_format_tests_compile_cleanly(tmp_path):
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler (gcc or cc) on PATH")
+    built = _run([cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", f"-I{C_REF}",
+                  "-c", str(FORMAT_SOURCES[0]), "-o", str(tmp_path / "test_formats.o")])
+    assert built.returncode == 0, built.stderr
