@@ -58,7 +58,7 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_UNEXPECTED_WEIGHT] = "an optional weight is given although the config says it is absent "
                                  "(has_ffn_bias / has_ln_affine / has_attn_bias is 0)",
     [TB_ERR_NULL_TRACE]        = "a trace struct is given but one of its arrays is NULL",
-    [TB_ERR_DIM]               = "a dimension (B, T, d_model, n_heads, d_ff, rows or cols) is < 1",
+    [TB_ERR_DIM]               = "a dimension (B, T, d_model, n_heads, d_ff, rows, cols, d_in or d_out) is < 1",
     [TB_ERR_HEADS]             = "d_model is not divisible by n_heads",
     [TB_ERR_HEAD_INDEX]        = "the head index is outside 0 .. n_heads-1",
     [TB_ERR_NORM]              = "norm is not TB_NORM_PRE (0) or TB_NORM_POST (1)",

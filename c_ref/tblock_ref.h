@@ -48,7 +48,7 @@ typedef enum {
     TB_ERR_NULL_WEIGHT,       /* a weight the config needs is NULL (gamma given without beta counts too) */
     TB_ERR_UNEXPECTED_WEIGHT, /* an optional weight is given although the config's flag says absent */
     TB_ERR_NULL_TRACE,        /* a trace struct is given but one of its arrays is NULL */
-    TB_ERR_DIM,               /* a dimension (B, T, d_model, n_heads, d_ff, rows, cols) is < 1 */
+    TB_ERR_DIM,               /* a dimension (B, T, d_model, n_heads, d_ff, rows, cols, d_in, d_out) is < 1 */
     TB_ERR_HEADS,             /* d_model is not divisible by n_heads */
     TB_ERR_HEAD_INDEX,        /* a head index outside 0 .. n_heads-1 */
     TB_ERR_NORM,              /* norm is not TB_NORM_PRE or TB_NORM_POST */
