@@ -12,6 +12,10 @@ Raw calls take C-contiguous float64 arrays, or None for a NULL pointer; each arr
 C with its true length (``a.size``) unless ``lens`` names a shorter one. ``cfg`` there is a
 dict of tb_config fields (see :func:`config_fields`), or None for a NULL pointer, so
 values a BlockConfig would refuse (norm=7, eps=0, ...) can be sent too.
+
+Weights in a stored format (bf16, int8, int4: tblock.formats) reach C as their stored bytes:
+tb_dequantize unpacks each matrix into float64 in C, with its own reading of the layouts, so a
+packing bug on the Python side shows up against this backend instead of being shared by it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "
                  "has_ffn_bias", "has_ln_affine", "has_attn_bias")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
 _ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
+_FORMATS = {"bf16": "TB_FMT_BF16", "int8": "TB_FMT_Q8_0", "int4": "TB_FMT_Q4_0"}   # tblock.formats -> tb_format
+MATRIX_NAMES = WEIGHT_NAMES[:6]
 
 
 class CRefError(ValueError):
@@ -90,6 +96,22 @@ class _Call:
             if writable and not a.flags.writeable:
                 raise ValueError(f"{name}: an output array must be writeable")
             ptr, n = self.ffi.from_buffer("double[]", a, require_writable=writable), a.size
+            self.keep.append(ptr)
+        if name in self.lens:
+            claimed = self.lens.pop(name)
+            if not 0 <= claimed <= n:   # a longer claim would let C run past the array
+                raise ValueError(f"lens[{name!r}]={claimed} must be between 0 and the array's size {n}")
+            n = claimed
+        return ptr, n
+
+    def bytes(self, name, a):
+        """A C-contiguous uint8 array (or None) as a (const uint8_t *, length) pair."""
+        if a is None:
+            ptr, n = self.ffi.NULL, 0
+        else:
+            if not (isinstance(a, np.ndarray) and a.dtype == np.uint8 and a.flags.c_contiguous):
+                raise TypeError(f"{name}: raw C calls take C-contiguous uint8 arrays or None")
+            ptr, n = self.ffi.from_buffer("uint8_t[]", a), a.size
             self.keep.append(ptr)
         if name in self.lens:
             claimed = self.lens.pop(name)
@@ -251,9 +273,51 @@ def status_codes() -> dict:
             for code in range(ext.lib.TB_STATUS_COUNT)}
 
 
+def format_code(fmt: str) -> int:
+    """The tb_format of a stored format of tblock.formats ("bf16", "int8", "int4")."""
+    if fmt not in _FORMATS:
+        raise ValueError(f"the C reference reads the stored formats {tuple(_FORMATS)}, got {fmt!r}")
+    return getattr(_extension().lib, _FORMATS[fmt])
+
+
+def dequantize_raw(out, data, fmt: int, d_in: int, d_out: int, lens: dict | None = None) -> None:
+    """tb_dequantize(out, data, fmt, d_in, d_out) as given: out a float64 array, data a uint8
+    array (either may be None for NULL), fmt a tb_format code; lens keys: "out", "data"."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    data_p, data_n = call.bytes("data", data)
+    call.finish()
+    _check("tb_dequantize", call.lib.tb_dequantize(out_p, out_n, data_p, data_n, fmt, d_in, d_out))
+
+
+def stored_bytes(matrix) -> np.ndarray:
+    """A QuantizedMatrix's stored rows as the bytes a file holds: uint8, little-endian."""
+    data = matrix.data
+    if data.dtype != np.uint8:          # bf16's uint16 words, in the byte order C reads
+        data = np.ascontiguousarray(data, dtype="<u2").view(np.uint8)
+    return np.ascontiguousarray(data).reshape(-1)
+
+
+def dequantize(matrix) -> np.ndarray:
+    """W (d_in, d_out) float64 of a QuantizedMatrix, unpacked from its stored bytes in C."""
+    d_in, d_out = matrix.shape
+    out = np.full((d_in, d_out), np.nan)    # NaN-filled: a value C never wrote cannot pass
+    dequantize_raw(out, stored_bytes(matrix), format_code(matrix.format), d_in, d_out)
+    return out
+
+
 def _float64_weights(weights) -> dict:
-    return {name: np.ascontiguousarray(getattr(weights, name), dtype=np.float64)
-            for name in WEIGHT_NAMES if getattr(weights, name) is not None}
+    """Every weight present, as a C-contiguous float64 array."""
+    w = {}
+    for name in WEIGHT_NAMES:
+        value = getattr(weights, name)
+        if value is None:
+            continue
+        if weights.quantized and name in MATRIX_NAMES:
+            w[name] = dequantize(value)     # the stored bytes, unpacked by C itself
+        else:
+            w[name] = np.ascontiguousarray(value, dtype=np.float64)
+    return w
 
 
 def trace_shapes(B: int, T: int, cfg) -> dict:
@@ -320,7 +384,7 @@ def components(cfg, weights, dtype):
     cs.missing["attention"] = ("the C reference exposes no projection (matmul) entry point, only "
                                "tb_attention_head (the core) and the whole block")
     fields = config_fields(cfg)
-    w64 = _float64_weights(weights)
+    w64 = weights.prepared(("c_ref", "float64"), _float64_weights)
     d, f = cfg.d_model, cfg.d_ff
     buffers = {}
 
