@@ -70,6 +70,7 @@ from .stages import (attention_buffers, attention_direct_task, attention_task, a
                      out_proj_task, pack_head, qkv_task)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
+from .wgemm import as_weights, borrow, floats, weights_at
 
 
 @kernel(parallel=True)
@@ -141,10 +142,10 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
     d = dims.d
     rows = H.size // d
     if stage == LN1:
-        layout = weight_layout(d, dims.dff, panel_lanes(Wf))
-        layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, Wf, layout[6], layout[7], dims.eps)
+        layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
+        layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, floats(Wf), layout[6], layout[7], dims.eps)
     elif stage == QKV:
-        qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(Wf))), bufs)
+        qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(floats(Wf)))), bufs)
     elif stage == CACHE_NEW:
         cache_rows_task(bufs.q, dims, t, cache)
     elif stage == ATTEND_CACHED:
@@ -168,7 +169,7 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
     d = dims.d
     rows = H.size // d
     if stage == OUT_PROJ:
-        out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, panel_lanes(Wf))), bufs)
+        out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, panel_lanes(floats(Wf)))), bufs)
     elif stage == FFN_IN:
         ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
     elif stage == FFN_UP:
@@ -176,8 +177,8 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
     elif stage == FFN_DOWN:
         ffn_down_task(Wf, dims, rows, bufs, t)
     elif stage == LN_POST:
-        layout = weight_layout(d, dims.dff, panel_lanes(Wf))
-        layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, Wf, layout[8], layout[9], dims.eps)
+        layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
+        layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, floats(Wf), layout[8], layout[9], dims.eps)
     else:
         ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))
 
@@ -207,7 +208,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     plan, work = scratch.plan, scratch.work
     past = cache.past
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     rows = H.size // d
     nseq = rows // T
     extend = past > 0                   # the new rows attend over cached tokens too
@@ -262,7 +263,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
             n = plan_stage(plan, n, CACHE_FIRST, nbh)
     # the tasks get borrowed views (no reference counts); the arguments outlive the call,
     # and keep_alive holds each buffer of this function until its last task has run
-    Hb, Wb = borrowed(H), borrowed(Wf)
+    Hb, Wb = borrowed(H), borrow(Wf)
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
                     borrowed(work), a_pos)
@@ -380,6 +381,7 @@ def block_parallel(H3, Wf, cfg, nthr):
     calling get_num_threads in here makes the function uncacheable.  With a KV cache:
     cached_parallel; into a given array, serially: block_serial."""
     H = H3.reshape(H3.size)
+    Wf = as_weights(Wf)
     # The API leaves this backend the check that H is finite: in here it costs no second
     # crossing into compiled code; the caller reports where the NaN or the Inf is.
     if not all_finite_flat(H):
@@ -404,7 +406,8 @@ def block_serial(H3, Wf, out3, cfg, nthr):
     # borrowed views: the body then counts no references to them (options.borrowed)
     nothing = borrowed(none)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
-    one_block_serial(borrowed(H), borrowed(Wf), dims, Cache(nothing, nothing, -1, 0),
+    Wf = as_weights(Wf)
+    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0),
                      Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size)), nthr)
     keep_alive(H, Wf, none, plan, out3)
     return -1
@@ -423,10 +426,10 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     are written there, and with past > 0 they attend over the cached tokens too, with the
     same flash kernel.
 
-    layers: (n, 3) addresses of the flat weights, K and V of n blocks of this config (each
-    array the size of Wf, K, V), run one after another in this call, each on the previous
+    layers: (n, 4) addresses of the flat weights, K, V and stored matrices (wgemm; 0 for
+    float weights) of n blocks of this config (each array the size of block 0's), run one after another in this call, each on the previous
     one's output: a stack with its caches (tblock.Stack), where a decode step's blocks
-    would otherwise each cross from Python into Numba.  (0, 3): the one block of Wf, K, V.
+    would otherwise each cross from Python into Numba.  (0, 4): the one block of Wf, K, V.
 
     plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan.  work: a buffer for all
     other scratch (work_len; a KVCache's), used when it is large enough for this call (a
@@ -434,21 +437,22 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     buffers.  Empty: every buffer new."""
     K, V, past, max_T, layers, plan, work = cache
     H = H3.reshape(H3.size)
+    Wf = as_weights(Wf)
     dims = Dims(H3.shape[1], H3.shape[2], *cfg)
     T, d = dims.T, dims.d
     nblocks = max(1, layers.shape[0])
     d_k = d // dims.n_heads
     few_keys = past > 0 or T * T * d_k <= DIRECT_MAX
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
-                                                                 max(past, 0) + T, panel_lanes(Wf), Wf.itemsize)):
+                                                                 max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers
     for blk in range(nblocks):
         if layers.shape[0] > 0:
-            W = borrowed_at(Wf, layers[blk, 0], Wf.size)
+            W = weights_at(Wf, layers, blk)
             Kb = borrowed_at(K, layers[blk, 1], K.size)
             Vb = borrowed_at(V, layers[blk, 2], V.size)
         else:
-            W, Kb, Vb = borrowed(Wf), borrowed(K), borrowed(V)
+            W, Kb, Vb = borrow(Wf), borrowed(K), borrowed(V)
         if not all_finite_flat(H):         # as in block_parallel
             break
         out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0]), nthr)

@@ -66,18 +66,16 @@ def bias_len(n, NR):
 
 @kernel(inline="always")
 def weight_layout(d, dff, NR):
-    """Offsets in the flat weight buffer: packed W_q, W_k, W_v (one after another from
-    o_qkv, each packed_len(d, d, NR) long, so that no panel mixes two of them), W_o, W_1,
-    W_2, then b1, b2, gamma1, beta1, gamma2, beta2, the attention biases b_q, b_k, b_v (one
-    after another from o_bqkv, each zero-padded to whole panels: the GEMM loads a panel's
-    bias as one row) and b_o (padded likewise); each part starts on a 64-byte boundary."""
+    """Offsets in the flat weight buffer: b1, b2, gamma1, beta1, gamma2, beta2, the
+    attention biases b_q, b_k, b_v (one after another from o_bqkv, each zero-padded to
+    whole panels: the GEMM loads a panel's bias as one row) and b_o (padded likewise), then
+    packed W_q, W_k, W_v (one after another from o_qkv, each packed_len(d, d, NR) long, so
+    that no panel mixes two of them), W_o, W_1, W_2; each part starts on a 64-byte
+    boundary.  The vectors come first: weights stored in another format (kernels.wgemm)
+    keep only them in a float buffer, the o_qkv elements before the matrices."""
     def up(x):
         return (x + 15) // 16 * 16
-    o_qkv = 0
-    o_o = o_qkv + 3 * packed_len(d, d, NR)
-    o_1 = o_o + packed_len(d, d, NR)
-    o_2 = o_1 + packed_len(d, dff, NR)
-    o_b1 = o_2 + packed_len(dff, d, NR)
+    o_b1 = 0
     o_b2 = o_b1 + up(dff)
     o_g1 = o_b2 + up(d)
     o_be1 = o_g1 + up(d)
@@ -85,7 +83,11 @@ def weight_layout(d, dff, NR):
     o_be2 = o_g2 + up(d)
     o_bqkv = o_be2 + up(d)
     o_bo = o_bqkv + 3 * bias_len(d, NR)
-    total = o_bo + bias_len(d, NR)
+    o_qkv = o_bo + bias_len(d, NR)
+    o_o = o_qkv + 3 * packed_len(d, d, NR)
+    o_1 = o_o + packed_len(d, d, NR)
+    o_2 = o_1 + packed_len(d, dff, NR)
+    total = o_2 + packed_len(dff, d, NR)
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, total
 
 

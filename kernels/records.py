@@ -27,6 +27,14 @@ One head's attention (attention):
                              apart) start
     FlashWork(Qt, S, O, mrow, lrow)   a query tile's scratch (attention.flash_rows)
 
+A block's weights (wgemm): the flat float array of weight_layout, or
+
+    Stored(f, q, map)        matrices in a stored format (tblock.formats): f the float
+                             vectors (weight_layout's first o_qkv elements), q the six
+                             stored matrices one after another (its dtype says the
+                             format), map (12,) intp: each matrix's offset in the float
+                             layout, then in q
+
 A block call (stages, block):
 
     Dims(T, d, n_heads, dff, causal, pre_ln, act, eps)   the block's config and the
@@ -46,6 +54,8 @@ from collections import namedtuple
 Rows = namedtuple("Rows", "off ld")
 Panels = namedtuple("Panels", "off ld k n")
 Tile = namedtuple("Tile", "i0 i1 p0 p1")
+
+Stored = namedtuple("Stored", "f q map")
 
 Att = namedtuple("Att", "q0 q1 keys dk causal scale bk")
 KV = namedtuple("KV", "kt v ldv")

@@ -76,16 +76,16 @@ def _vt(context, vty):
     return context.get_value_type(vty)
 
 
-def _elem_ptr(context, builder, arrty, arrval, idx):
+def elem_ptr(context, builder, arrty, arrval, idx):
     ary = context.make_array(arrty)(context, builder, arrval)
     return builder.gep(ary.data, [idx])
 
 
 def _vec_ptr(context, builder, arrty, arrval, idx, vty):
-    return builder.bitcast(_elem_ptr(context, builder, arrty, arrval, idx), _vt(context, vty).as_pointer())
+    return builder.bitcast(elem_ptr(context, builder, arrty, arrval, idx), _vt(context, vty).as_pointer())
 
 
-def _splat(builder, scalar, vtype):
+def ir_splat(builder, scalar, vtype):
     undef = ir.Constant(vtype, ir.Undefined)
     v = builder.insert_element(undef, scalar, _i32(0))
     return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(ir.IntType(32), vtype.count), [0] * vtype.count))
@@ -95,7 +95,7 @@ def _lane_mask(builder, n, count):
     """<count x i1>: lane j is on iff j < n (n is an intp)."""
     ity = ir.VectorType(ir.IntType(64), count)
     iota = ir.Constant(ity, list(range(count)))
-    return builder.icmp_signed("<", iota, _splat(builder, n, ity))
+    return builder.icmp_signed("<", iota, ir_splat(builder, n, ity))
 
 
 def _masked(builder, name, fnty, args):
@@ -185,8 +185,8 @@ def _memory_ops(vec_of, prefix):
         vty = vec_of(arr.dtype)
 
         def codegen(context, builder, sig, args):
-            x = builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1]))
-            return _splat(builder, x, _vt(context, vty))
+            x = builder.load(elem_ptr(context, builder, sig.args[0], args[0], args[1]))
+            return ir_splat(builder, x, _vt(context, vty))
         return vty(arr, types.intp), codegen
 
     def splat(typingctx, like, x):
@@ -202,7 +202,7 @@ def _memory_ops(vec_of, prefix):
 
         def codegen(context, builder, sig, args):
             s = context.cast(builder, args[1], sig.args[1], vty.dtype)
-            return _splat(builder, s, _vt(context, vty))
+            return ir_splat(builder, s, _vt(context, vty))
         return vty(like, x), codegen
 
     made = []
@@ -299,7 +299,7 @@ def vkeep(typingctx, v, n, fill):
     def codegen(context, builder, sig, args):
         vtype = args[0].type
         f = context.cast(builder, args[2], sig.args[2], v.dtype)
-        return builder.select(_lane_mask(builder, args[1], v.lanes), args[0], _splat(builder, f, vtype))
+        return builder.select(_lane_mask(builder, args[1], v.lanes), args[0], ir_splat(builder, f, vtype))
     return v(v, types.intp, fill), codegen
 
 
@@ -430,7 +430,7 @@ def prefetch_l2(typingctx, arr, i):
         return None
 
     def codegen(context, builder, sig, args):
-        p = builder.bitcast(_elem_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(8).as_pointer())
+        p = builder.bitcast(elem_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(8).as_pointer())
         fnty = ir.FunctionType(ir.VoidType(), [p.type, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
         _masked(builder, "llvm.prefetch.p0", fnty, [p, _i32(0), _i32(2), _i32(1)])
         return context.get_dummy_value()

@@ -11,7 +11,6 @@ import numpy as np
 
 from .activations import bias_act_rows
 from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
-from .gemm import gemm_block, gemm_panels
 from .layernorm import layernorm_rows
 from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
                      weight_layout)
@@ -19,6 +18,7 @@ from .options import borrowed, keep_alive, kernel
 from .records import KV, Att, FlashWork, Panels, Rows, Tile
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .tiles import BK, BQ, FF_CHUNK, QSUB
+from .wgemm import floats, wgemm_block, wgemm_panels
 
 
 @kernel(readonly=("X", "P"), internal=True)
@@ -45,7 +45,7 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     down-projection reads it once per output panel (a whole (MF, d_ff) hidden tile spills
     to L3 and is read back from there once per panel).  The summation order over d_ff is
     the same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
     ch = min(FF_CHUNK, panels(dff, NR) * NR)
     # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
@@ -55,17 +55,17 @@ def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
     hid = borrowed(own)         # scratch through a view that counts no references
     for r in range(m):
         if residual:
-            copy_add(out, out_off + r * d, out, out_off + r * d, d, Wf, o_b2, True)
+            copy_add(out, out_off + r * d, out, out_off + r * d, d, floats(Wf), o_b2, True)
         else:
-            copy_add(Wf, o_b2, out, out_off + r * d, d, Wf, 0, False)
+            copy_add(floats(Wf), o_b2, out, out_off + r * d, d, floats(Wf), 0, False)
     for c0 in range(0, dff, ch):
         cw = min(ch, dff - c0)
         # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        gemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
+        wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
                    Tile(0, m, c0 // NR, panels(c0 + cw, NR)), False, -1)
-        bias_act_rows(hid, 0, ldh, m, cw, Wf, o_b1 + c0, act)
+        bias_act_rows(hid, 0, ldh, m, cw, floats(Wf), o_b1 + c0, act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
-        gemm_panels(hid, Rows(0, ldh), Wf, Panels(o_2 + c0 * NR, dff * NR, cw, d), out, Rows(out_off, d),
+        wgemm_panels(hid, Rows(0, ldh), Wf, Panels(o_2 + c0 * NR, dff * NR, cw, d), out, Rows(out_off, d),
                     Tile(0, m, 0, panels(d, NR)), True, -1)
     keep_alive(own)
 
@@ -81,14 +81,14 @@ def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
 def ffn_up_task(Wf, dims, rows, bufs, p):
     """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
     act(xn @ W_1[:, panel p] + b1), xn (rows, d), hid of row stride ldh (bufs: Output)."""
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     d, dff = dims.d, dims.dff
     layout = weight_layout(d, dff, NR)
     o_1, o_b1 = layout[2], layout[4]
-    gemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
+    wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
                Tile(0, rows, p, p + 1), False, -1)
     c0 = p * NR
-    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, Wf, o_b1 + c0, dims.act)
+    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, floats(Wf), o_b1 + c0, dims.act)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -96,15 +96,15 @@ def ffn_down_task(Wf, dims, rows, bufs, p):
     """Column panel p of the FFN's output added onto the residual in out, for all rows:
     out[:, panel p] += b2 + hid @ W_2[:, panel p] (bufs: Output).  The same sums, in the
     same order (b2 first, then k blocks of KC), as ffn_tile's chunks."""
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     d, dff, out = dims.d, dims.dff, bufs.out
     layout = weight_layout(d, dff, NR)
     o_2, o_b2 = layout[3], layout[5]
     c0 = p * NR
     n = min(d, c0 + NR) - c0
     for r in range(rows):
-        copy_add(out, r * d + c0, out, r * d + c0, n, Wf, o_b2 + c0, True)
-    gemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
+        copy_add(out, r * d + c0, out, r * d + c0, n, floats(Wf), o_b2 + c0, True)
+    wgemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
                Tile(0, rows, p, p + 1), True, -1)
 
 
@@ -112,15 +112,15 @@ def ffn_down_task(Wf, dims, rows, bufs, p):
 def out_proj_task(H, Wf, dims, tile, bufs):
     """Task of stage 3: the tile of out = H + q @ W_O + b_o, q the heads' outputs (bufs:
     Output; the residual is the GEMM's initial C)."""
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     d = dims.d
     layout = weight_layout(d, dims.dff, NR)
     o_o, o_bo = layout[1], layout[11]
     c0 = tile.p0 * NR
     c1 = min(d, tile.p1 * NR)
     for r in range(tile.i0, tile.i1):
-        copy_add(H, r * d + c0, bufs.out, r * d + c0, c1 - c0, Wf, 0, False)
-    gemm_block(bufs.q, Rows(0, bufs.ldq), Wf, Panels(o_o, d * NR, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
+        copy_add(H, r * d + c0, bufs.out, r * d + c0, c1 - c0, floats(Wf), 0, False)
+    wgemm_block(bufs.q, Rows(0, bufs.ldq), Wf, Panels(o_o, d * NR, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -129,12 +129,12 @@ def ffn_input_task(Wf, dims, t, pieces, rows, bufs):
     the piece's rows (LN2 of H_mid Pre-LN, LN1 of H + A_out Post-LN); Post-LN also puts
     that H_mid = LN1(H + A_out) back into out, the FFN's residual (bufs: Output)."""
     d = dims.d
-    layout = weight_layout(d, dims.dff, panel_lanes(Wf))
+    layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
     o_g, o_be = (layout[8], layout[9]) if dims.pre_ln else (layout[6], layout[7])
-    layernorm_piece(bufs.out, bufs.xn, t, pieces, rows, d, Wf, o_g, o_be, dims.eps)
+    layernorm_piece(bufs.out, bufs.xn, t, pieces, rows, d, floats(Wf), o_g, o_be, dims.eps)
     if not dims.pre_ln:
         r0, r1 = row_piece(t, pieces, rows)
-        copy_add(bufs.xn, r0 * d, bufs.out, r0 * d, (r1 - r0) * d, Wf, 0, False)
+        copy_add(bufs.xn, r0 * d, bufs.out, r0 * d, (r1 - r0) * d, floats(Wf), 0, False)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -143,19 +143,19 @@ def ffn_rows_task(Wf, dims, out, r0, r1):
     or H + A_out (Post-LN) and gets the block's output."""
     m = r1 - r0
     d, dff, pre_ln, eps = dims.d, dims.dff, dims.pre_ln, dims.eps
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     o_g1, o_be1, o_g2, o_be2 = weight_layout(d, dff, NR)[6:10]
     # the FFN reads LN2(H_mid) (Pre-LN) or H_mid = LN1(H + A_out) (Post-LN), from xn: ffn_tile
     # writes out while it still reads its input
     o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
     own = np.empty(m * d, dtype=out.dtype)
     xn = borrowed(own)
-    layernorm_rows(out, Rows(r0 * d, d), xn, Rows(0, d), m, d, Wf, o_g, o_be, eps)
+    layernorm_rows(out, Rows(r0 * d, d), xn, Rows(0, d), m, d, floats(Wf), o_g, o_be, eps)
     if not pre_ln:
-        copy_add(xn, 0, out, r0 * d, m * d, Wf, 0, False)      # H_mid is also the residual
+        copy_add(xn, 0, out, r0 * d, m * d, floats(Wf), 0, False)      # H_mid is also the residual
     ffn_tile(xn, 0, m, d, dff, Wf, dims.act, out, r0 * d, True)
     if not pre_ln:
-        layernorm_rows(out, Rows(r0 * d, d), out, Rows(r0 * d, d), m, d, Wf, o_g2, o_be2, eps)
+        layernorm_rows(out, Rows(r0 * d, d), out, Rows(r0 * d, d), m, d, floats(Wf), o_g2, o_be2, eps)
     keep_alive(own)
 
 
@@ -237,7 +237,7 @@ def qkv_task(Wf, dims, tile, bufs):
     separate pass that packed K and V out of it are never needed (at long T they were
     most of the peak memory).  Without it (tiny sequences, attention_direct_task), Q, K
     and V are columns 0, d and 2d of q, row stride ldq = 3d."""
-    NR = panel_lanes(Wf)
+    NR = panel_lanes(floats(Wf))
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     r0, r1, p0, p1 = tile
     H, q, ldq, packed = bufs.X, bufs.q, bufs.ldq, bufs.packed
@@ -256,7 +256,7 @@ def qkv_task(Wf, dims, tile, bufs):
     S = borrowed(own_s)
     if bufs.ln:
         A = borrowed(own_a)
-        layernorm_rows(H, Rows(r0 * d, d), A, Rows(0, d), m, d, Wf, o_g1, o_be1, dims.eps)
+        layernorm_rows(H, Rows(r0 * d, d), A, Rows(0, d), m, d, floats(Wf), o_g1, o_be1, dims.eps)
         a_off = 0
     else:
         A = H
@@ -268,11 +268,11 @@ def qkv_task(Wf, dims, tile, bufs):
             continue
         W = Panels(o_qkv + j * wsz, d * NR, d, d)
         if j == 0 or not packed:
-            gemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
+            wgemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
                        False, o_bqkv + j * bsz)
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        gemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, o_bqkv + j * bsz)
+        wgemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, o_bqkv + j * bsz)
         if j == 1:
             store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, bufs.kt)
         else:

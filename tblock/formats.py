@@ -125,7 +125,9 @@ def _scales(amax: np.ndarray, divisor: float) -> tuple[np.ndarray, np.ndarray]:
     d = (amax / np.float32(divisor)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    if not np.isfinite(d.astype(np.float16)).all():
+    with np.errstate(over="ignore"):
+        too_large = not np.isfinite(d.astype(np.float16)).all()
+    if too_large:
         raise ValueError("a block's scale does not fit float16 (a weight above ~8e6 in magnitude)")
     return d, inv
 

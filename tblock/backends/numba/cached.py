@@ -18,11 +18,11 @@ from ...config import BlockConfig
 from ...kernels.block import PLAN_COLS, PLAN_ROWS, cached_parallel, cached_serial
 from ...kernels.decode import decode_step
 from .lm import head_is_large
-from .packing import cached_flops, make_plan, packed_address, plan_of
+from .packing import cached_flops, make_plan, packed_addresses, plan_of
 from .parallel import is_serial, parallel_call
 
 # the table of blocks a call runs (kernels.block's ``layers``): none but the one it is given
-ONE_BLOCK = np.empty((0, 3), dtype=np.intp)
+ONE_BLOCK = np.empty((0, 4), dtype=np.intp)
 
 
 def forward_cached(H, weights, cfg, cache):
@@ -45,9 +45,14 @@ def forward_stack_cached(H, weights, cfg, caches, fresh=True):
 
 
 def layers_table(weights, caches, dtype) -> np.ndarray:
-    """(n, 3) intp: the data addresses of block i's packed weights, K and V, through which
-    the compiled block reaches a stack's arrays (kernels.block's ``layers``)."""
-    return np.array([(packed_address(w, dtype),) + c.addresses() for w, c in zip(weights, caches)], dtype=np.intp)
+    """(n, 4) intp: the data addresses of block i's packed weights, K, V and its stored
+    matrices (0 for float weights), through which the compiled block reaches a stack's
+    arrays (kernels.block's ``layers``)."""
+    rows = []
+    for w, c in zip(weights, caches):
+        f, q = packed_addresses(w, dtype)
+        rows.append((f,) + c.addresses() + (q,))
+    return np.array(rows, dtype=np.intp)
 
 
 def cache_args(cache, layers):
@@ -60,6 +65,9 @@ def cache_args(cache, layers):
 def run_cached(H, weights, cfg, cache, layers, fresh):
     """kernels.block with a cache: weights and cache those of block 0 of ``layers``.  A
     decode step takes its scratch from cache.work; fresh: an output there is copied out."""
+    if weights.quantized and cache.dtype != np.float32:
+        raise ValueError(f"the numba backend runs {weights.format} weights in float32: make the KV cache "
+                         f"with dtype=np.float32, got {cache.dtype}")
     _, flat, scalars, per_row, per_key = plan_of(weights, cfg, H.dtype)
     B, T, d = H.shape
     args = (H, flat, scalars, cache_args(cache, layers))

@@ -62,6 +62,8 @@ def forward_batch(H, weights, cfg, trace):
         if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None
         return forward_trace(H, weights, cfg)
+    if weights.quantized and H.dtype != np.float32:
+        H = H.astype(np.float32)        # stored weights run in float32; the API casts H_out back
     _, flat, scalars, per_row, per_key = plan_of(weights, cfg, H.dtype)
     B, T, d = H.shape
     if is_serial(forward_flops(B, T, per_row, per_key, scalars[2])):

@@ -15,6 +15,8 @@ from ...counting import flops
 from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.gemm import pack_b, packed_size, panel_width
 from ...kernels.layout import bias_len, packed_len, weight_layout
+from ...kernels.qgemv import stored_view
+from ...kernels.wgemm import stored_map
 
 PACKED = "numba-packed"     # the key of the packed buffer in a BlockWeights' prepared_state
 PLAN = "numba-plan"
@@ -28,16 +30,42 @@ def aligned_empty(n: int, dtype) -> np.ndarray:
     return raw[start:start + n]
 
 
-def packed(weights, dtype) -> np.ndarray:
-    """The packed weights of ``dtype``, built once per BlockWeights."""
+def packed(weights, dtype):
+    """The packed weights of ``dtype``, built once per BlockWeights: one flat array, or for
+    stored matrices (bf16, int8, int4) the tuple (f, q, map) of kernels.wgemm (float32)."""
     dtype = np.dtype(dtype)
+    if weights.quantized:
+        return weights.prepared((PACKED, "stored"), pack_stored)
     return weights.prepared((PACKED, dtype.char), lambda w: pack_weights(w, dtype))
 
 
-def packed_address(weights, dtype) -> int:
-    """The data address of packed(weights, dtype) (which the weights hold as long as they live)."""
-    dtype = np.dtype(dtype)
-    return weights.prepared((PACKED + "-address", dtype.char), lambda w: packed(w, dtype).ctypes.data)
+def packed_addresses(weights, dtype) -> tuple[int, int]:
+    """The data addresses of packed(weights, dtype): its float array, and its stored
+    matrices (0 for float weights); the weights hold both as long as they live."""
+    def build(w):
+        p = packed(w, dtype)
+        return (p.ctypes.data, 0) if isinstance(p, np.ndarray) else (p[0].ctypes.data, p[1].ctypes.data)
+    return weights.prepared((PACKED + "-address", np.dtype(dtype).char), build)
+
+
+def pack_stored(weights) -> tuple:
+    """(f, q, map) for weights whose matrices are stored (kernels.wgemm): f the float32
+    vectors of weight_layout, q the six stored matrices one after another, as the
+    kernels read them (qgemv.stored_view), map their offsets (wgemm.stored_map)."""
+    d, dff = weights.w_ff1.shape
+    NR = panel_width(np.float32)
+    layout = weight_layout(d, dff, NR)
+    f = aligned_empty(layout[0], np.float32)
+    pack_vectors(weights, np.float32, f, layout)
+    f.flags.writeable = False
+    names = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+    views = [stored_view(getattr(weights, n)) for n in names]
+    q = aligned_empty(sum(v.size for v in views), views[0].dtype)
+    q[:] = np.concatenate(views)
+    q.flags.writeable = False
+    m = stored_map(d, dff, NR, weights.format, layout)
+    m.flags.writeable = False
+    return f, q, m
 
 
 def pack_weights(weights, dtype) -> np.ndarray:
@@ -49,15 +77,27 @@ def pack_weights(weights, dtype) -> np.ndarray:
      total) = weight_layout(d, dff, NR)
     flat = aligned_empty(total, dtype)
     flat[:] = 0
-    cast = lambda a: np.asarray(a, dtype=dtype)
-    # the cast happens once here, so float64 weights with float32 inputs run in float32;
-    # stored matrices (bf16, int8, int4) are widened here too, exactly
+    # the cast happens once here, so float64 weights with float32 inputs run in float32
+    # (stored matrices are dequantized exactly: the report times them so, as float32)
     step = packed_len(d, d, NR)         # W_q, W_k, W_v packed one after another
     for j, name in enumerate(("w_q", "w_k", "w_v")):
         pack_b(weights.matrix(name, dtype), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
     pack_b(weights.matrix("w_o", dtype), flat[o_o:o_1])
     pack_b(weights.matrix("w_ff1", dtype), flat[o_1:o_2])
-    pack_b(weights.matrix("w_ff2", dtype), flat[o_2:o_b1])
+    pack_b(weights.matrix("w_ff2", dtype), flat[o_2:total])
+    pack_vectors(weights, dtype, flat, (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo))
+    flat.flags.writeable = False
+    return flat
+
+
+def pack_vectors(weights, dtype, flat, layout) -> None:
+    """The biases and LayerNorm affines into ``flat`` at weight_layout's offsets (layout),
+    zeros between them."""
+    (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo) = layout[:12]
+    d, dff = weights.w_ff1.shape
+    NR = panel_width(dtype)
+    cast = lambda a: np.asarray(a, dtype=dtype)
+    flat[:o_qkv] = 0
     # absent biases / LN affines are stored as their identity (0, and gamma=1, beta=0):
     # x + 0 and y * 1 + 0 are exact, so the kernels never need to branch on them
     flat[o_b1:o_b1 + dff] = 0 if weights.b_ff1 is None else cast(weights.b_ff1)
@@ -71,8 +111,6 @@ def pack_weights(weights, dtype) -> np.ndarray:
         for j, b in enumerate((weights.b_q, weights.b_k, weights.b_v)):
             flat[o_bqkv + j * bstep:o_bqkv + j * bstep + d] = cast(b)
         flat[o_bo:o_bo + d] = cast(weights.b_o)
-    flat.flags.writeable = False
-    return flat
 
 
 # ----------------------------------------------------------------------------- FLOPs

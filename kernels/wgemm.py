@@ -1,0 +1,190 @@
+"""The block's weights as its kernels take them, and the GEMM over them, in any format.
+
+A block's weights are the flat float array of layout.weight_layout, or a records.Stored:
+the same layout's float vectors (biases, LayerNorm affines) and the six matrices in a
+stored format (tblock.formats, read by kernels.qgemv).  The stages never look inside:
+
+    as_weights(W)             an entry point's argument (an array, or (f, q, map)) as one
+    floats(W)                 the float vectors' array (the flat array itself, or W.f)
+    borrow(W)                 options.borrowed views of W's arrays
+    wgemm_block, wgemm_panels gemm.gemm_block / gemm_panels, for a matrix of W given as
+                              its float layout's Panels (the same call either way)
+    weights_at(W, layers, i)  block i of a stack's table of addresses (block._cached)
+
+Numba compiles one build of each caller per weights type, so a user of float weights
+compiles none of this module's stored paths, and each stored format only its own.
+
+A stored matrix times one row (a decode step) reads each stored row once
+(qgemv.row_dot); times many rows, the task's panels are first unpacked into float32
+panels in a scratch of its own (qgemv.unpack_row, k x NR per panel: L2-sized) and
+multiplied by gemm_panels, so the unpacking is shared by the tile's rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+from .gemm import gemm_block, gemm_panels
+from .options import borrowed, borrowed_at, kernel
+from .qgemv import row_dot, unpack_row
+from .records import Panels, Rows, Stored, Tile
+from .simd import panel_lanes
+
+
+def _is_stored(W):
+    return isinstance(W, types.NamedTuple) and W.instance_class is Stored
+
+
+def floats(W):
+    """The array of W's float vectors (and of its matrices, for float weights)."""
+
+
+@overload(floats, inline="always")
+def _floats(W):
+    if isinstance(W, types.Array):
+        return lambda W: W
+    if _is_stored(W):
+        return lambda W: W.f
+    return None
+
+
+def borrow(W):
+    """options.borrowed views of W's arrays."""
+
+
+@overload(borrow, inline="always")
+def _borrow(W):
+    if isinstance(W, types.Array):
+        return lambda W: borrowed(W)
+    if _is_stored(W):
+        return lambda W: Stored(borrowed(W.f), borrowed(W.q), borrowed(W.map))
+    return None
+
+
+def as_weights(W):
+    """An entry point's weights argument as the stages take it: a flat float array as it
+    is, the plain tuple (f, q, map) from Python as a Stored (records.py: a plain tuple is
+    what Python hands over cheaply)."""
+
+
+@overload(as_weights, inline="always")
+def _as_weights(W):
+    if isinstance(W, types.Array) or _is_stored(W):
+        return lambda W: W
+    if isinstance(W, types.BaseTuple) and len(W) == 3:
+        return lambda W: Stored(W[0], W[1], W[2])
+    return None
+
+
+def weights_at(W, layers, i):
+    """Block i's weights of a stack: W's arrays at the addresses in row i of ``layers``
+    (columns 0 and 3: the float array, the stored matrices)."""
+
+
+@overload(weights_at, inline="always")
+def _weights_at(W, layers, i):
+    if isinstance(W, types.Array):
+        return lambda W, layers, i: borrowed_at(W, layers[i, 0], W.size)
+    if _is_stored(W):
+        return lambda W, layers, i: Stored(borrowed_at(W.f, layers[i, 0], W.f.size),
+                                           borrowed_at(W.q, layers[i, 3], W.q.size), W.map)
+    return None
+
+
+def wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """gemm.gemm_block with B a matrix of the weights W (b: its Panels in the float layout)."""
+
+
+@overload(wgemm_block, inline="always")
+def _wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
+    if isinstance(W, types.Array):
+        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_block(
+            A, a, W, b, C, c, tile, accumulate, bias_off)
+    if _is_stored(W):
+        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
+            A, a, W, b, C, c, tile, accumulate, bias_off)
+    return None
+
+
+def wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """gemm.gemm_panels with B a matrix of the weights W, as wgemm_block."""
+
+
+@overload(wgemm_panels, inline="always")
+def _wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
+    if isinstance(W, types.Array):
+        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_panels(
+            A, a, W, b, C, c, tile, accumulate, bias_off)
+    if _is_stored(W):
+        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
+            A, a, W, b, C, c, tile, accumulate, bias_off)
+    return None
+
+
+@kernel(internal=True)
+def stored_band(map_, off, ld, NR):
+    """(first stored element of the matrix, its rows' inputs d_in, first input k0) of the
+    matrix whose float-layout panels (row stride ld) hold the band starting at ``off``."""
+    m = 0
+    for i in range(1, 6):
+        if map_[i] <= off:
+            m = i
+    return map_[6 + m], ld // NR, (off - map_[m]) // NR
+
+
+@kernel(readonly=("A",), internal=True)
+def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """C[tile] (+)= [bias +] A[rows of tile, 0:b.k] @ B, B the band of stored rows that b
+    names (module docstring); the bias of column j at W.f[bias_off + j]."""
+    f = W.f
+    NR = panel_lanes(f)
+    q0, d_in, k0 = stored_band(W.map, b.off, b.ld, NR)
+    Wq = W.q[q0:]
+    i0, i1, p0, p1 = tile
+    j0, j1 = p0 * NR, min(p1 * NR, b.n)
+    if i1 - i0 == 1:
+        a_off = a.off + i0 * a.ld
+        c_off = c.off + i0 * c.ld
+        for j in range(j0, j1):
+            s = row_dot(A, a_off, Wq, j, d_in, k0, b.k)
+            if bias_off >= 0:
+                s += f[bias_off + j]
+            C[c_off + j] = C[c_off + j] + s if accumulate else s
+        return
+    npn = p1 - p0
+    k = b.k
+    Bs = np.zeros(npn * k * NR + npn * NR, dtype=f.dtype)   # the panels, then their bias row
+    for j in range(j0, j1):
+        p = j // NR - p0
+        unpack_row(Wq, j, d_in, k0, k, Bs, p * k * NR + j % NR, NR)
+    bias = -1
+    if bias_off >= 0:
+        bias = npn * k * NR
+        Bs[bias:bias + npn * NR] = f[bias_off + j0:bias_off + j0 + npn * NR]
+    gemm_panels(A, a, Bs, Panels(0, k * NR, k, b.n - j0), C, Rows(c.off + j0, c.ld),
+                Tile(i0, i1, 0, npn), accumulate, bias)
+
+
+def stored_map(d: int, dff: int, NR: int, fmt: str, layout) -> np.ndarray:
+    """Stored's map for a block of d_model d and d_ff dff stored as ``fmt``: the float
+    offsets of W_q, W_k, W_v, W_o, W_1, W_2 (layout: weight_layout's offsets), then each
+    one's first element in the stored array (in the order the backend concatenates them)."""
+    from .layout import packed_len
+    o_qkv, o_o, o_1, o_2 = layout[:4]
+    step = packed_len(d, d, NR)
+    moff = [o_qkv, o_qkv + step, o_qkv + 2 * step, o_o, o_1, o_2]
+    shapes = [(d, d)] * 4 + [(d, dff), (dff, d)]
+    qoff, pos = [], 0
+    for d_in, d_out in shapes:
+        qoff.append(pos)
+        pos += d_out * stored_row(fmt, d_in)
+    return np.array(moff + qoff, dtype=np.intp)
+
+
+def stored_row(fmt: str, d_in: int) -> int:
+    """Elements of one stored row of d_in inputs in the stored array of ``fmt``."""
+    if fmt == "bf16":
+        return d_in
+    return d_in // 32 * (34 if fmt == "int8" else 18)
