@@ -59,7 +59,10 @@ class QuantizedMatrix:
         if not isinstance(data, np.ndarray) or data.dtype != dtype or data.shape != want:
             got = (f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__)
             raise ValueError(f"{self.format} data of a {shape} matrix must be {np.dtype(dtype)} {want}, got {got}")
-        if self.format != "bf16":
+        if self.format == "bf16":
+            if ((data & 0x7F80) == 0x7F80).any():
+                raise ValueError("bf16 data holds a value that is not finite (a NaN or an Inf)")
+        else:
             scales = data.reshape(-1, BLOCK_BYTES[self.format])[:, :2].copy().view("<f2")
             if not np.isfinite(scales).all():
                 raise ValueError(f"{self.format} data holds a scale that is not finite (a NaN or an Inf)")
@@ -128,7 +131,8 @@ def _scales(amax: np.ndarray, divisor: float) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         too_large = not np.isfinite(d.astype(np.float16)).all()
     if too_large:
-        raise ValueError("a block's scale does not fit float16 (a weight above ~8e6 in magnitude)")
+        limit = 65504 * abs(divisor)
+        raise ValueError(f"a block's scale does not fit float16: a weight's magnitude is above {limit:.3g}")
     return d, inv
 
 

@@ -119,10 +119,12 @@ def test_quantize_weights_keeps_vectors_and_reports_bytes():
     (lambda: quantize_matrix(np.ones((32, 3)), "int5"), ValueError, ["format", "int5"]),
     (lambda: quantize_matrix(np.ones((32, 3)), 8), TypeError, ["format", "int"]),
     (lambda: quantize_matrix(np.full((32, 2), np.finfo(np.float32).max), "bf16"), ValueError, ["bf16", "Inf"]),
-    (lambda: quantize_matrix(np.full((32, 2), 1e10), "int8"), ValueError, ["float16"]),
+    (lambda: quantize_matrix(np.full((32, 2), 1e10), "int8"), ValueError, ["float16", "8.32e+06"]),
     (lambda: QuantizedMatrix("int8", (32, 2), np.zeros((2, 33), np.uint8)), ValueError, ["uint8 (2, 34)", "(2, 33)"]),
     (lambda: QuantizedMatrix("int8", (32, 1), np.full((1, 34), 0xFF, np.uint8)), ValueError, ["scale", "NaN"]),
     (lambda: QuantizedMatrix("fp32", (32, 1), np.zeros((1, 32), np.float32)), ValueError, ["holds one of"]),
+    (lambda: QuantizedMatrix("bf16", (3, 1), np.array([[0, 0x7F80, 0]], np.uint16)), ValueError, ["bf16", "NaN"]),
+    (lambda: quantize_matrix(np.full((32, 1), 6e5), "int4"), ValueError, ["float16", "5.24e+05"]),
 ])
 def test_bad_formats_are_refused(call, error, words):
     with pytest.raises(error) as e:
