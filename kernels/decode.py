@@ -21,6 +21,7 @@ from __future__ import annotations
 from .block import cached_parallel, cached_serial
 from .lm_head import head_parallel, head_serial
 from .options import kernel
+from .wgemm import embed_row
 
 
 @kernel
@@ -28,12 +29,12 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     """logits (B * vocab, flat) of the tokens ids (B,) at position ``past`` after the
     tokens the caches hold; -1, or what went wrong (nothing written to ``logits`` then):
 
-        b >= 0         ids[b] is not a token id in [0, E.shape[0])
+        b >= 0         ids[b] is not a token id in [0, vocab)
         -2 - i         block i's input holds a NaN or an Inf (the caches' lengths are the
                        caller's: the keys and values written past them are unused)
 
-    embed = (ids, E, P, H): the tokens, the token and position embeddings E (vocab, d)
-    and P (positions, d), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
+    embed = (ids, E, P, H): the tokens, the token and position embeddings E (vocab, d),
+    or E's stored rows (the head's Ep), and P (positions, d), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
     kernels.block's cached builds take them for T = 1 (cache[2] is past; its table holds
     every block's weights and caches).  head = (ln_f, eps_f, Ep, vocab): ln_f = [gamma |
     beta] (2d), Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
@@ -45,11 +46,13 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     B = ids.size
     d = H.shape[2]
     for b in range(B):
-        if ids[b] < 0 or ids[b] >= E.shape[0]:
+        if ids[b] < 0 or ids[b] >= vocab:
             return b
+    h = H.reshape(H.size)
     for b in range(B):
+        embed_row(E, ids[b], d, h, b * d)
         for j in range(d):
-            H[b, 0, j] = E[ids[b], j] + P[past, j]
+            h[b * d + j] += P[past, j]
     if parallel[0]:
         out3, bad = cached_parallel(H, Wf, cfg, cache, nthr)
     else:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .gemm import gemm_block, pack_b, packed_size, panel_width
+from .gemm import pack_b, packed_size, panel_width
 from .layout import ceil_div, panels
 from .options import build
 from .records import Panels, Rows, Tile
 from .simd import panel_lanes
 from .stages import layernorm_piece
 from .tiles import HEAD_PANELS, HEAD_ROWS
+from .wgemm import as_head, floats, wgemm_block
 
 
 def pack_head(E: np.ndarray, dtype) -> np.ndarray:
@@ -49,14 +50,15 @@ def pack_head(E: np.ndarray, dtype) -> np.ndarray:
 
 def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     """The body of head_serial and head_parallel: out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
-    of LN_f (2d); Ep: pack_head's panels; out: the flat (rows, vocab) logits.  in_place:
+    of LN_f (2d); Ep: pack_head's panels, or E's stored rows (qgemv.stored_view); out: the flat (rows, vocab) logits.  in_place:
     LN_f(X) is written over X (scratch of the caller's: a decode step then allocates
     nothing), else into a new buffer.  nthr: the threads the tasks are sized for (an
     argument: get_num_threads in here is uncacheable)."""
     xn = X if in_place else np.empty(rows * d, dtype=X.dtype)
     for t in prange(nthr):
         layernorm_piece(X, xn, t, nthr, rows, d, P, 0, d, eps)
-    NR = panel_lanes(Ep)
+    W = as_head(Ep, xn)                 # float panels, or stored rows (wgemm)
+    NR = panel_lanes(floats(W))
     npn = panels(vocab, NR)
     groups = ceil_div(npn, HEAD_PANELS)
     nrb = ceil_div(rows, HEAD_ROWS)
@@ -64,7 +66,7 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     for t in prange(nrb * groups):
         r0 = (t // groups) * mc
         p0 = (t % groups) * HEAD_PANELS
-        gemm_block(xn, Rows(0, d), Ep, Panels(0, d * NR, d, vocab), out, Rows(0, vocab),
+        wgemm_block(xn, Rows(0, d), W, Panels(0, d * NR, d, vocab), out, Rows(0, vocab),
                    Tile(r0, min(rows, r0 + mc), p0, min(npn, p0 + HEAD_PANELS)), False, -1)
 
 

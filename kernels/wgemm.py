@@ -7,6 +7,7 @@ stored format (tblock.formats, read by kernels.qgemv).  The stages never look in
     as_weights(W)             an entry point's argument (an array, or (f, q, map)) as one
     floats(W)                 the float vectors' array (the flat array itself, or W.f)
     borrow(W)                 options.borrowed views of W's arrays
+    as_head, embed_row        a language model's tied embedding, float or stored
     wgemm_block, wgemm_panels gemm.gemm_block / gemm_panels, for a matrix of W given as
                               its float layout's Panels (the same call either way)
     weights_at(W, layers, i)  block i of a stack's table of addresses (block._cached)
@@ -123,10 +124,44 @@ def _wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
     return None
 
 
+def as_head(Ep, like):
+    """The vocabulary head's weights (kernels.lm_head): float panels as they are, a stored
+    E (rows = tokens: qgemv's layout, as GGUF stores token_embd) as a Stored of one matrix
+    (an empty map: the matrix at 0), its float array ``like``'s empty view."""
+
+
+@overload(as_head, inline="always")
+def _as_head(Ep, like):
+    if isinstance(Ep, types.Array) and isinstance(Ep.dtype, types.Float):
+        return lambda Ep, like: Ep
+    if isinstance(Ep, types.Array) and Ep.dtype in (types.uint16, types.int8, types.uint8):
+        return lambda Ep, like: Stored(like[:0], Ep, np.empty(0, dtype=np.intp))
+    return None
+
+
+def embed_row(E, v, d, out, o):
+    """out[o : o + d] = row v of the token embedding E ((vocab, d) floats, or stored rows)."""
+
+
+@overload(embed_row, inline="always")
+def _embed_row(E, v, d, out, o):
+    if isinstance(E, types.Array) and isinstance(E.dtype, types.Float):
+        def rows(E, v, d, out, o):
+            for j in range(d):
+                out[o + j] = E[v, j]
+        return rows
+    if isinstance(E, types.Array) and E.dtype in (types.uint16, types.int8, types.uint8):
+        return lambda E, v, d, out, o: unpack_row(E, v, d, 0, d, out, o, 1)
+    return None
+
+
 @kernel(internal=True)
 def stored_band(map_, off, ld, NR):
     """(first stored element of the matrix, its rows' inputs d_in, first input k0) of the
-    matrix whose float-layout panels (row stride ld) hold the band starting at ``off``."""
+    matrix whose float-layout panels (row stride ld) hold the band starting at ``off``; an
+    empty map: one matrix, at 0 (a head)."""
+    if map_.size == 0:
+        return 0, ld // NR, off // NR
     m = 0
     for i in range(1, 6):
         if map_[i] <= off:

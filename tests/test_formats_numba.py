@@ -105,3 +105,20 @@ def test_backend_keeps_no_float_copy_of_stored_matrices(fmt, rng):
         for a in (v if isinstance(v, tuple) else (v,)):
             held += a.nbytes if isinstance(a, np.ndarray) else 0
     assert held < 1.1 * w.nbytes + 64 * 1024, (held, w.nbytes)
+
+
+@pytest.mark.parametrize("fmt", STORED)
+def test_stored_head_matches_the_reference(fmt, rng):
+    """The tied head over E's stored rows (one a token) against the registry's float64 head
+    on the same stored E: one row (a decode step's GEMV) and many (unpacked panels)."""
+    from tblock.backends import reference_lm_head
+    from tblock.backends.numba import lm_head, prepare_head
+
+    vocab, d = 300, 64
+    E = quantize_matrix(rng.standard_normal((vocab, d)).astype(np.float32).T, fmt)   # E^T: rows = tokens
+    ln_f = rng.standard_normal(2 * d).astype(np.float32)
+    for B, T in ((1, 1), (2, 3), (1, 40)):
+        H = rng.standard_normal((B, T, d)).astype(np.float32)
+        got = lm_head(H, ln_f, 1e-5, prepare_head(E, np.float32), np.empty((B, T, vocab), np.float32))
+        want = reference_lm_head(H, ln_f, 1e-5, E, np.empty((B, T, vocab)))
+        assert rel_err(got, want) < BOUND

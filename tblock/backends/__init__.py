@@ -54,7 +54,8 @@ def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndar
     mu = X.mean(axis=-1, keepdims=True)
     var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
     Xn = (X - mu) / np.sqrt(var + eps) * ln_f[:d] + ln_f[d:]
-    out[...] = Xn @ head.T.astype(np.float64)
+    # head: E (vocab, d), or E^T stored (a QuantizedMatrix, dequantized exactly)
+    out[...] = Xn @ (head.dequantize(np.float64) if hasattr(head, "dequantize") else head.T.astype(np.float64))
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ... import _runtime
 from ...config import BlockConfig
+from ...formats import QuantizedMatrix
 from ...kernels.block import PLAN_COLS, PLAN_ROWS, cached_parallel, cached_serial
 from ...kernels.decode import decode_step
 from .lm import head_is_large
@@ -105,10 +106,11 @@ class DecodeStep:
         self.caches = tuple(weakref.ref(c) for c in caches)
         self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
         self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
-        self.vocab = E.shape[0]
-        self.head_parallel = head_is_large(B, E.shape)
+        stored = isinstance(E, QuantizedMatrix)            # E^T stored: (d, vocab), rows = tokens
+        self.vocab = E.shape[1] if stored else E.shape[0]
+        self.head_parallel = head_is_large(B, (self.vocab, d))
         # decode_step's arguments but the cache's arrays and length, the logits and the builds
-        self._embed = (self.ids, E, P, self.H)
+        self._embed = (self.ids, head if stored else E, P, self.H)
         self._stack = (flat, scalars)
         self._cache = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
         self._head = (ln_f, eps_f, head, self.vocab)

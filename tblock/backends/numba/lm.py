@@ -10,12 +10,18 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _runtime
+from ...formats import QuantizedMatrix
 from ...kernels.lm_head import head_parallel, head_serial, pack_head
+from ...kernels.qgemv import stored_view
 from .parallel import PARALLEL_MIN_FLOPS, parallel_call
 
 
-def prepare_head(E: np.ndarray, dtype) -> np.ndarray:
-    """E (vocab, d) packed for the head kernel in ``dtype``: what lm_head and DecodeStep take."""
+def prepare_head(E, dtype) -> np.ndarray:
+    """E (vocab, d) packed for the head kernel in ``dtype``: what lm_head and DecodeStep
+    take; a stored E (a QuantizedMatrix of E^T, shape (d, vocab): one row a token) is read
+    in place, its rows as they are stored (float32 logits)."""
+    if isinstance(E, QuantizedMatrix):
+        return stored_view(E)
     return pack_head(E, np.dtype(dtype))
 
 
