@@ -122,3 +122,25 @@ def test_stored_head_matches_the_reference(fmt, rng):
         got = lm_head(H, ln_f, 1e-5, prepare_head(E, np.float32), np.empty((B, T, vocab), np.float32))
         want = reference_lm_head(H, ln_f, 1e-5, E, np.empty((B, T, vocab)))
         assert rel_err(got, want) < BOUND
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("fmt", ("fp32",) + STORED)
+def test_a_format_compiles_only_its_own_kernels(fmt, tmp_path):
+    """A user of one format compiles none of the others' loops (a first call pays only for
+    its own), from an empty Numba cache."""
+    import json
+    import os
+    import subprocess
+
+    from conftest import proc
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run(proc("format_builds", fmt), capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    builds = json.loads(p.stdout.strip().splitlines()[-1])
+    own = {"fp32": set(), "bf16": {"dot_bf16"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
+    for name, n in builds.items():
+        if name == "stored_gemm":
+            assert (n > 0) == (fmt != "fp32"), builds
+        else:
+            assert (n > 0) == (name in own), builds
