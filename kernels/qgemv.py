@@ -30,7 +30,7 @@ from numba.extending import overload
 from .layout import row_piece
 from .options import build, kernel
 from .simd import lanes, vfma, vhsum, vload, vsplat
-from .widen import bf16_load, half_load, i8_load, nibble_load
+from .widen import bf16_load, bf16_scalar, half_load, i8_load, nibble_load
 
 QBLOCK = 32
 Q8_BYTES = 34                   # a Q8_0 block: float16 d, 32 int8
@@ -68,13 +68,8 @@ def dot_bf16(x, x_off, W16, off, n):
         i += 2 * L
     s = vhsum(acc0) + vhsum(acc1)
     for k in range(i, n):
-        s += x[x_off + k] * bf16_value(W16[off + k])
+        s += x[x_off + k] * bf16_scalar(W16[off + k])
     return s
-
-
-@kernel(internal=True, inline="always")
-def bf16_value(h):
-    return np.array([np.uint32(h) << np.uint32(16)], dtype=np.uint32).view(np.float32)[0]
 
 
 @kernel(internal=True)
@@ -113,7 +108,7 @@ def row_dot(x, x_off, W, j, d_in, k0, k):
     inputs), by W's type."""
 
 
-@overload(row_dot, inline="always")
+@overload(row_dot)
 def _row_dot(x, x_off, W, j, d_in, k0, k):
     if W.dtype == types.float32:
         return lambda x, x_off, W, j, d_in, k0, k: dot_f32(x, x_off, W, j * d_in + k0, k)
@@ -142,7 +137,7 @@ def _unpack_row(W, j, d_in, k0, k, out, o, stride):
     if W.dtype == types.uint16:
         def bf16(W, j, d_in, k0, k, out, o, stride):
             for i in range(k):
-                out[o + i * stride] = bf16_value(W[j * d_in + k0 + i])
+                out[o + i * stride] = bf16_scalar(W[j * d_in + k0 + i])
         return bf16
     if W.dtype in (types.int8, types.uint8):
         q8 = W.dtype == types.int8

@@ -42,7 +42,7 @@ def floats(W):
     """The array of W's float vectors (and of its matrices, for float weights)."""
 
 
-@overload(floats, inline="always")
+@overload(floats)
 def _floats(W):
     if isinstance(W, types.Array):
         return lambda W: W
@@ -98,7 +98,7 @@ def wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_block with B a matrix of the weights W (b: its Panels in the float layout)."""
 
 
-@overload(wgemm_block, inline="always")
+@overload(wgemm_block)
 def _wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
     if isinstance(W, types.Array):
         return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_block(
@@ -113,7 +113,7 @@ def wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_panels with B a matrix of the weights W, as wgemm_block."""
 
 
-@overload(wgemm_panels, inline="always")
+@overload(wgemm_panels)
 def _wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
     if isinstance(W, types.Array):
         return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_panels(
@@ -143,7 +143,7 @@ def embed_row(E, v, d, out, o):
     """out[o : o + d] = row v of the token embedding E ((vocab, d) floats, or stored rows)."""
 
 
-@overload(embed_row, inline="always")
+@overload(embed_row)
 def _embed_row(E, v, d, out, o):
     if isinstance(E, types.Array) and isinstance(E.dtype, types.Float):
         def rows(E, v, d, out, o):

@@ -7,6 +7,7 @@ index: the bytes are read once, whole, and widened in registers.
     bf16_load(W16, i)       the float32s whose top halves are W16[i : i + L]
     i8_load(Wq, i)          Wq[i : i + L] as signed bytes (Wq: an int8 array)
     nibble_load(W8, i, hi)  the low (hi = False) or high nibbles of W8[i : i + L], minus 8
+    bf16_scalar(h)          the float32 of one bf16 h
     half_load(W, i)         the float16 W[i] | W[i + 1] << 8 as a float32 (a block scale;
                             W: int8 or uint8)
 
@@ -98,3 +99,16 @@ def half_load(typingctx, W, i):
         sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
         return builder.bitcast(builder.or_(builder.bitcast(mag, i32), sign), ir.FloatType())
     return types.float32(W, types.intp), codegen
+
+
+@intrinsic
+def bf16_scalar(typingctx, h):
+    """The float32 whose top half is the bf16 bits h (a uint16)."""
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.shl(builder.zext(builder.trunc(args[0], ir.IntType(16)), i32), ir.Constant(i32, 16))
+        return builder.bitcast(bits, ir.FloatType())
+    return types.float32(h), codegen
