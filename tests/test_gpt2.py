@@ -505,3 +505,106 @@ def test_a_value_past_float32_is_refused_not_cast_to_inf():
         GPT2(model.config, wte, model.wpe, model.blocks, model.ln_f[:32], model.ln_f[32:])
     assert GPT2(model.config, wte, model.wpe, model.blocks, model.ln_f[:32], model.ln_f[32:],
                 dtype=np.float64).wte[7, 3] == 1e39
+
+
+# ----------------------------------------------------------------------------- weight formats
+
+
+def stored_tensors(exact, fmt, n_layer):
+    """The checkpoint's tensors with every block matrix replaced by its ``fmt`` value, the
+    Conv1D (in, out) matrices quantized as tblock stores them (c_attn as three (d, d) parts)."""
+    from tblock.formats import quantize_matrix
+    t = dict(exact)
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        w = exact[p + "attn.c_attn.weight"]
+        d = w.shape[0]
+        t[p + "attn.c_attn.weight"] = np.concatenate(
+            [quantize_matrix(w[:, j * d:(j + 1) * d], fmt).dequantize(np.float64) for j in range(3)], axis=1)
+        for name in ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"):
+            t[p + name] = quantize_matrix(exact[p + name], fmt).dequantize(np.float64)
+    return t
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_weights_are_stored_in_the_format_asked(ckpt, rng, backend, fmt):
+    """from_pretrained(weights=fmt): every block's six matrices in fmt, each the quantized
+    checkpoint matrix it stands for; the logits are GPT-2's on those values.  The embedding,
+    the tied head and LN_f stay the checkpoint's float32."""
+    root, _, exact = ckpt
+    model = GPT2.from_pretrained(root, weights=fmt)
+    assert model.weight_format == fmt and fmt in repr(model)
+    assert all(b.format == fmt for b in model.blocks)
+    assert model.wte.dtype == np.float32 and np.array_equal(model.wte, exact["transformer.wte.weight"])
+    assert np.array_equal(model.ln_f[32:], exact["transformer.ln_f.bias"])
+    t = stored_tensors(exact, fmt, 2)
+    b = model.blocks[1]
+    assert np.array_equal(b.matrix("w_v"), t["transformer.h.1.attn.c_attn.weight"][:, 64:])
+    assert np.array_equal(b.matrix("w_ff2"), t["transformer.h.1.mlp.c_proj.weight"])
+    assert np.array_equal(b.b_ff1, exact["transformer.h.1.mlp.c_fc.bias"])
+    for T in (1, 13):
+        ids = rng.integers(0, 101, T)
+        _, logits = reference_states(t, ids, 2, 4)
+        assert rel_err(model(ids, backend=backend), logits) <= 1e-5, T
+    # the format made a difference: these are not the float32 logits
+    _, fp32 = reference_states(exact, ids, 2, 4)
+    assert rel_err(logits, fp32) > 1e-4
+
+
+def test_weight_format_of_float_models(ckpt):
+    assert GPT2.from_pretrained(ckpt[0]).weight_format == "fp32"
+    assert GPT2.from_pretrained(ckpt[0], dtype=np.float64, weights="fp32").weight_format == "fp64"
+    assert GPT2.from_config(**SMALL, seed=0, dtype=np.float64).weight_format == "fp64"
+
+
+def test_bad_weights_are_refused(ckpt, tmp_path, rng):
+    root = ckpt[0]
+    with pytest.raises(ValueError, match=r"weights must be one of \('fp32', 'bf16', 'int8', 'int4'\), got 'int3'"):
+        GPT2.from_pretrained(root, weights="int3")
+    with pytest.raises(TypeError, match="weights must be a str, .* got int"):
+        GPT2.from_pretrained(root, weights=8)
+    with pytest.raises(ValueError, match=r"weights='int8' computes in float32: dtype must be float32, got float64"):
+        GPT2.from_pretrained(root, dtype=np.float64, weights="int8")
+    with pytest.raises(TypeError):                      # a keyword only: never taken for dtype
+        GPT2.from_pretrained(root, np.float32, "int8")
+    # d_model 48: bf16 stores it, the 32-input blocks of int8 and int4 do not divide it
+    shape = dict(SMALL, n_embd=48)
+    write_checkpoint(tmp_path / "d48", random_tensors(rng, 101, 24, 48, 2), hf_config(**shape))
+    assert GPT2.from_pretrained(tmp_path / "d48", weights="bf16").weight_format == "bf16"
+    with pytest.raises(ValueError, match=r"d48: block 0 cannot be stored as int4: .*multiple of 32, got 48"):
+        GPT2.from_pretrained(tmp_path / "d48", weights="int4")
+
+
+def test_blocks_must_share_one_format_and_compute_in_float32():
+    from tblock import quantize
+    model = GPT2.from_config(**SMALL, seed=2)
+    args = (model.config, model.wte, model.wpe)
+    ln = (model.ln_f[:32], model.ln_f[32:])
+    int8 = [quantize(b, "int8") for b in model.blocks]
+    with pytest.raises(ValueError, match="blocks must share one weight format, got int8, fp32"):
+        GPT2(*args, [int8[0], model.blocks[1]], *ln)
+    with pytest.raises(ValueError, match=r"blocks\[0\] holds int8 weights, which compute in float32: "
+                                         r"the model's dtype must be float32, got float64"):
+        GPT2(*args, int8, *ln, dtype=np.float64)
+    q = GPT2(*args, int8, *ln)
+    assert q.weight_format == "int8" and q.param_count() == model.param_count()
+
+
+@pytest.mark.parametrize("fmt, bytes_per_value", [("fp32", 4), ("bf16", 2), ("int8", 34 / 32), ("int4", 18 / 32)])
+def test_bytes_per_token_counts_the_blocks_the_head_and_the_cache(ckpt, fmt, bytes_per_value):
+    """Counted by hand from the sizes: per block 4 d^2 + 2 d d_ff matrix values in the format
+    and 9 d + d_ff float32 biases and LayerNorm values; the head vocab * d float32; the
+    cache 2 * n_layer * context * d float32."""
+    model = GPT2.from_pretrained(ckpt[0], weights=fmt)
+    V, L, d, f = 101, 2, 32, 128
+    blocks = L * (round((4 * d * d + 2 * d * f) * bytes_per_value) + 4 * (9 * d + f))
+    assert model.bytes_per_token() == model.bytes_per_token(0) == blocks + 4 * V * d
+    assert model.bytes_per_token(24) == blocks + 4 * V * d + 4 * 2 * L * 24 * d
+    assert GPT2.from_pretrained(ckpt[0], dtype=np.float64).bytes_per_token(5) == (
+        L * 8 * (4 * d * d + 2 * d * f + 9 * d + f) + 8 * V * d + 8 * 2 * L * 5 * d)
+    with pytest.raises(ValueError, match="context must be <= n_positions=24, got 25"):
+        model.bytes_per_token(25)
+    with pytest.raises(ValueError, match="context must be >= 0, got -1"):
+        model.bytes_per_token(-1)
+    with pytest.raises(TypeError, match="context must be an integer, got float"):
+        model.bytes_per_token(1.5)

@@ -76,3 +76,25 @@ def test_a_model_goes_to_a_spawned_worker():
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
         got = pool.submit(model.generate, ids, 10, temperature=0).result(timeout=600)
     np.testing.assert_array_equal(got, greedy)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_a_quantized_model_pickles_and_computes_the_same(fmt):
+    """Stored matrices travel as their bytes: the unpickled model holds the same format and
+    bytes, read-only, and computes the same logits and tokens."""
+    from tblock import quantize
+    base = GPT2.from_config(seed=7, **SHAPE)
+    model = GPT2(base.config, base.wte, base.wpe, [quantize(b, fmt) for b in base.blocks],
+                 base.ln_f[:32], base.ln_f[32:])
+    ids = np.random.default_rng(2).integers(0, 101, 12)
+    logits, greedy = model(ids), model.generate(ids, 10, temperature=0)
+    for blob in (pickle.dumps(model), pickle.dumps(copy.deepcopy(model))):
+        m = pickle.loads(blob)
+        assert m.weight_format == fmt and m.bytes_per_token(7) == model.bytes_per_token(7)
+        for a, b in zip(m.blocks, model.blocks):
+            assert a.w_ff1.format == fmt and np.array_equal(a.w_ff1.data, b.w_ff1.data)
+            with pytest.raises(ValueError):
+                a.w_q.data.flags.writeable = True
+        assert np.array_equal(m(ids), logits)
+        assert np.array_equal(m(ids, backend="numpy"), model(ids, backend="numpy"))
+        assert np.array_equal(m.generate(ids, 10, temperature=0), greedy)

@@ -47,7 +47,9 @@ class CausalLM:
     def __init__(self, cfg: BlockConfig, vocab_size: int, n_positions: int, embeddings, blocks, ln_f,
                  dtype=np.float32):
         """embeddings = (wte (vocab_size, d), wpe (n_positions, d)); blocks: one BlockWeights
-        a block; ln_f = (gamma (d,), beta (d,)); every array is copied into ``dtype``."""
+        a block, all of one format (float ones are copied into ``dtype``; stored ones,
+        tblock.quantize's, need dtype float32); ln_f = (gamma (d,), beta (d,)); every
+        array is copied into ``dtype``."""
         dtype = check_dtype(dtype)
         d = cfg.d_model
 
@@ -66,7 +68,9 @@ class CausalLM:
         self.ln_f = frozen_copy(np.concatenate([gamma, beta]), dtype)     # (2d,): [gamma | beta]
         if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
             raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
-        self.stack = Stack(cfg, [self._cast(b, i) for i, b in enumerate(blocks)])
+        cast = [self._cast(b, i) for i, b in enumerate(blocks)]
+        self._one_format(cast)
+        self.stack = Stack(cfg, cast)
         self.eps = cfg.eps                      # LN_f's, as the blocks' LayerNorms
         self._heads = {}                        # backend name -> its prepare_head(wte), on first use
         self._step, self._step_backend = None, None     # the prepared decode step and its backend
@@ -75,9 +79,19 @@ class CausalLM:
         # every block in the model's dtype, so the blocks run in the dtype the logits have
         if not isinstance(w, BlockWeights):
             raise TypeError(f"blocks[{i}] must be a BlockWeights, got {type(w).__name__}")
+        if w.quantized and self.dtype != np.float32:
+            raise ValueError(f"blocks[{i}] holds {w.format} weights, which compute in float32: the model's "
+                             f"dtype must be float32, got {self.dtype}")
         if w.dtype == self.dtype:
             return w
         return BlockWeights(**{k: v.astype(self.dtype) for k, v in w.arrays().items()})
+
+    @staticmethod
+    def _one_format(blocks: list[BlockWeights]) -> None:
+        # weight_format and bytes_per_token describe the model by one format
+        formats = [b.format for b in blocks]
+        if len(set(formats)) > 1:
+            raise ValueError(f"blocks must share one weight format, got {', '.join(formats)} (block 0, 1, ...)")
 
     def __getstate__(self):
         # what backends prepared (the packed head, the decode step: addresses of this
@@ -95,10 +109,30 @@ class CausalLM:
     def blocks(self) -> list[BlockWeights]:
         return [b.weights for b in self.stack.blocks]
 
+    @property
+    def weight_format(self) -> str:
+        """How the blocks' six matrices are stored: "fp32", "fp64", "bf16", "int8" or "int4"
+        (tblock.formats); the embeddings, the tied head and LN_f are in the model's dtype."""
+        return self.blocks[0].format
+
     def param_count(self) -> int:
-        """Parameters, the tied head counted once."""
-        blocks = sum(a.size for b in self.blocks for a in b.arrays().values())
+        """Parameters, the tied head counted once (a stored matrix counts its d_in * d_out)."""
+        blocks = sum(int(np.prod(a.shape)) for b in self.blocks for a in b.arrays().values())
         return self.wte.size + self.wpe.size + blocks + self.ln_f.size
+
+    def bytes_per_token(self, context: int = 0) -> int:
+        """The bytes one decode step reads, with ``context`` keys and values per block in its
+        caches (0 <= context <= n_positions): every block's ``BlockWeights.nbytes`` (its six
+        matrices as stored, biases and LayerNorm affines), the head's matrix (wte, vocab * d
+        in the model's dtype) and the caches' keys and values, 2 * n_layer * context * d
+        in the model's dtype.  Not counted: LN_f's 2d values, the two embedding rows the
+        step adds, and activations (each O(d) or O(d_ff), not O(d^2))."""
+        context = check_int("context", context, 0)
+        if context > self.n_positions:
+            raise ValueError(f"context must be <= n_positions={self.n_positions}, got {context}")
+        blocks = sum(b.nbytes for b in self.blocks)
+        kv = 2 * len(self.blocks) * context * self.wte.shape[1] * self.dtype.itemsize
+        return blocks + self.wte.nbytes + kv
 
     # --------------------------------------------------------------- forward
 

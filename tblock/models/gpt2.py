@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..config import BlockConfig, check_bool, check_int
-from ..weights import BlockWeights, check_finite
+from ..formats import check_format
+from ..weights import BlockWeights, check_finite, quantize
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
 
@@ -244,6 +245,14 @@ def _block_from_hf(t: dict, i: int, d: int) -> BlockWeights:
     )
 
 
+def _stored(w: BlockWeights, fmt: str, i: int, root) -> BlockWeights:
+    """Block i's weights with its matrices in format ``fmt``; an error names the block."""
+    try:
+        return quantize(w, fmt)
+    except ValueError as e:         # a d_in the 32-input blocks do not divide, a value too large
+        raise ValueError(f"{root}: block {i} cannot be stored as {fmt}: {e}") from None
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -264,18 +273,29 @@ class GPT2(CausalLM):
     def __repr__(self):
         c = self.config
         return (f"GPT2(n_layer={c.n_layer}, n_embd={c.n_embd}, n_head={c.n_head}, vocab_size={c.vocab_size}, "
-                f"n_positions={c.n_positions}, dtype={self.dtype})")
+                f"n_positions={c.n_positions}, dtype={self.dtype}, weights={self.weight_format})")
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32) -> "GPT2":
+    def from_pretrained(cls, path, dtype=np.float32, *, weights: str = "fp32") -> "GPT2":
         """Load a Hugging Face GPT-2 checkpoint directory: config.json plus model.safetensors,
         or shards listed in model.safetensors.index.json.  Tensors may be float32, float16
-        or bfloat16; they are converted to ``dtype`` (float32, or float64), the compute dtype."""
-        ckpt = Checkpoint(path)
+        or bfloat16; they are converted to ``dtype`` (float32, or float64), the compute dtype.
+
+        ``weights``: how each block's six matrices are stored, one of tblock.FORMATS: "fp32"
+        (the default) keeps them as loaded, in ``dtype``; "bf16", "int8" and "int4" quantize
+        the float32 matrices with tblock.quantize (biases and LayerNorms stay float32) and
+        need dtype float32, the dtype a stored format computes in.  The head and embedding
+        stay float32 for now: wte, wpe and LN_f are never quantized."""
+        check_format(weights, "weights")
         dtype = check_dtype(dtype)
+        if weights != "fp32" and dtype != np.float32:
+            raise ValueError(f"weights={weights!r} computes in float32: dtype must be float32, got {dtype}")
+        ckpt = Checkpoint(path)
         cfg = GPT2Config.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
         t = read_gpt2(ckpt, cfg, dtype)
         blocks = [_block_from_hf(t, i, cfg.n_embd) for i in range(cfg.n_layer)]
+        if weights != "fp32":
+            blocks = [_stored(b, weights, i, ckpt.root) for i, b in enumerate(blocks)]
         return cls(cfg, t["wte.weight"], t["wpe.weight"], blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
 
     @classmethod
