@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--eos", type=int, metavar="ID", help="stop when this token comes (GPT-2's <|endoftext|> "
                                                            "is 50256; default: never stop early)")
     gen.add_argument("--backend", default=None, help="backend of the blocks (default numba)")
+    from .formats import FORMATS
+    gen.add_argument("--weights", default="fp32", choices=FORMATS,
+                     help="how the blocks' matrices are stored: quantized on loading (default fp32; "
+                          "the embedding and the head stay float32)")
     return parser
 
 
@@ -68,7 +72,7 @@ def run_generate(args) -> int:
     tokenizer = None
     if args.prompt is not None or (root / "tokenizer.json").is_file():
         tokenizer = _tokenizer(root, needed=args.prompt is not None)
-    model = GPT2.from_pretrained(root)
+    model = GPT2.from_pretrained(root, weights=args.weights)
     ids = args.ids if args.prompt is None else tokenizer.encode(args.prompt).ids
     if not ids:
         raise ValueError(f"the prompt {args.prompt!r} encodes to no tokens")
@@ -94,7 +98,7 @@ def run_generate(args) -> int:
     draws = "greedy" if args.temperature == 0 else f"seed {seed}"
     sys.stderr.write(f"{chr(13) if tty else ''}{len(new)} tokens in {total:.2f} s: the prefill of {len(ids)} and "
                      f"the first token {first * 1e3:.1f} ms, then {rate} tokens/s "
-                     f"({draws}, backend {args.backend or 'numba'})\n")
+                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights})\n")
     out = list(ids) + new
     print(" ".join(str(i) for i in out))
     if tokenizer is not None:

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import proc
+from conftest import cli_run, one_line_error, proc
 from test_gpt2 import hf_config, random_tensors, rel_err, write_checkpoint
 
 from tblock import GPT2
@@ -533,3 +533,44 @@ def test_a_decode_step_allocates_no_memory_in_compiled_code():
     assert len({first for first, *_ in runs}) == 1 and runs[0][0] <= 11
     assert len({n for _, most, least, _ in runs for n in (most, least)}) == 1 and runs[0][1] <= 13
     assert max(err for *_, err in runs) < 1e-5
+
+
+# ----------------------------------------------------------------------------- weight formats
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_a_quantized_model_generates_its_own_argmax(ckpt, backend, fmt):
+    """weights=fmt: cached chunks give the full forward's rows, and greedy tokens are the
+    argmax of the full forward of the same quantized model at every step."""
+    model = GPT2.from_pretrained(ckpt, weights=fmt)
+    ids = np.random.default_rng(9).integers(0, VOCAB, (2, 16))
+    full = model(ids, backend=backend)
+    for chunks in ([16], [1] * 16, [5, 1, 10]):
+        cache = model.make_cache(16, batch=2)
+        got, at = [], 0
+        for n in chunks:
+            got.append(model(ids[:, at:at + n], backend=backend, cache=cache))
+            at += n
+        assert rel_err(np.concatenate(got, axis=1), full) <= 1e-5, chunks
+    out = model.generate(ids[0, :4], 20, temperature=0, backend=backend)
+    np.testing.assert_array_equal(out, greedy_by_recomputation(model, ids[0, :4], 20, backend))
+
+
+def test_cli_weights(ckpt, tmp_path, capsys):
+    """--weights quantizes the blocks on loading: the ids are the Python API's with the same
+    weights; a format the blocks cannot take is one line, a bad choice argparse's refusal."""
+    for fmt in ("int8", "int4"):
+        code, out, err = cli_run(capsys, "generate", ckpt, "--ids", 1, 2, 3, "-n", 12, "--temperature", 0,
+                                 "--weights", fmt)
+        assert code == 0, err
+        expected = GPT2.from_pretrained(ckpt, weights=fmt).generate([1, 2, 3], 12, temperature=0)
+        assert out.split() == [str(i) for i in expected]
+        assert f"weights {fmt}" in err
+    shape = dict(SHAPE, n_embd=48)          # 48 inputs: not a whole number of int8's 32-input blocks
+    write_checkpoint(tmp_path / "d48", random_tensors(np.random.default_rng(1), VOCAB, N_POS, 48, LAYERS),
+                     hf_config(**shape))
+    code, out, err = cli_run(capsys, "generate", tmp_path / "d48", "--ids", 1, "-n", 2, "--weights", "int8")
+    one_line_error(code, err, "generate", "block 0 cannot be stored as int8", "multiple of 32, got 48")
+    with pytest.raises(SystemExit):         # argparse: one of tblock.FORMATS
+        cli_main(["generate", str(ckpt), "--ids", "1", "--weights", "int3"])
+    assert "invalid choice: 'int3'" in capsys.readouterr().err
