@@ -6,6 +6,7 @@
                 generate and stream; kernels only through the backend registry's hooks
     gpt2        GPT-2's config, its checkpoints' names, and GPT2 (a CausalLM)
     sampling    the next token: temperature, top-k, top-p and the seeded draw
+    accuracy    a model against a reference on a token stream: perplexity, KL, top-1
 """
 
 from .causal_lm import CausalLM
