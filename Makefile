@@ -30,18 +30,20 @@ report: install
 # machine can execute (TBLOCK_ISA: avx2 and generic on an AVX-512 machine, generic on an AVX2 one)
 OTHER_PATHS = $$($(BIN)/python tests/procs/other_paths.py)
 
+# $(BIN)/pytest, not `python -m pytest`: that puts the checkout first on sys.path, where
+# the kernels/ folder hides the `kernels` package transformers imports
 test: install-test
-	$(BIN)/python -m pytest
+	$(BIN)/pytest
 	$(MAKE) --no-print-directory test-isa
 
 # no process started, no package built: the tests a change is checked with before `make test`
 test-fast: install-test
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider -m "not slow and not subprocess"
+	$(BIN)/pytest -q -x -p no:cacheprovider -m "not slow and not subprocess"
 
 test-isa: install-test
 	@for isa in $(OTHER_PATHS); do \
 	  echo "== kernel and block tests on the $$isa path (TBLOCK_ISA=$$isa)"; \
-	  TBLOCK_ISA=$$isa $(BIN)/python -m pytest -q -m isa || exit 1; \
+	  TBLOCK_ISA=$$isa $(BIN)/pytest -q -m isa || exit 1; \
 	done
 
 # tblock.GPT2 against transformers' GPT2LMHeadModel (tests/interop, which plain pytest skips):
@@ -49,7 +51,7 @@ test-isa: install-test
 .PHONY: test-interop
 test-interop: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
-	$(BIN)/python -m pytest -q tests/interop
+	$(BIN)/pytest -q tests/interop
 
 # the demo page (tblock demo) in headless chromium (tests/browser, which plain pytest ignores):
 # the browser extra brings selenium; Debian's chromium and chromium-driver come from apt-get
@@ -63,7 +65,7 @@ test-browser: install-test
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	fi
-	TBLOCK_SCREENSHOT=docs/demo.png $(BIN)/python -m pytest -q -o addopts=-ra tests/browser
+	TBLOCK_SCREENSHOT=docs/demo.png $(BIN)/pytest -q -o addopts=-ra tests/browser
 
 clean:
 	rm -rf $(VENV) build *.egg-info tblock/*.so .pytest_cache
@@ -73,7 +75,7 @@ clean:
 # `pytest-benchmark compare`); BENCH_ARGS adds options, e.g. BENCH_ARGS=--full
 .PHONY: bench
 bench: install-test
-	$(BIN)/python -m pytest bench --benchmark-autosave --benchmark-storage=file://.benchmarks $(BENCH_ARGS)
+	$(BIN)/pytest bench --benchmark-autosave --benchmark-storage=file://.benchmarks $(BENCH_ARGS)
 
 # tblock against PyTorch (eager and torch.compile), ONNX Runtime and OpenVINO on issue #12's
 # sizes (tens of minutes; not part of `make test`); PEERS_ARGS adds options, e.g.
