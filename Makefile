@@ -106,3 +106,15 @@ bench-first-call: install-test
 bench-decode: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
 	$(BIN)/python bench/bench_decode.py $(DECODE_ARGS)
+
+# tblock at every weight format (fp32, bf16, int8, int4) against llama.cpp (built from the
+# llama-cpp-python source package), CTranslate2, OpenVINO and transformers: decode after a
+# 128-token prompt and prefill of 512 tokens, GPT-2-small shape, 2 threads (tens of minutes;
+# not in `make test`).  The first run builds llama.cpp, pip-installs ctranslate2, makes
+# optimum-intel's venv and converts the model, all under ~/.cache/tblock-engines (never in
+# the repository); later runs reuse them.  ENGINES_ARGS adds options, e.g.
+# ENGINES_ARGS="--quick" or ENGINES_ARGS="--json engines.json"
+.PHONY: bench-engines
+bench-engines: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[interop,peers]"
+	$(BIN)/python bench/bench_engines.py $(ENGINES_ARGS)
