@@ -17,6 +17,7 @@ from safetensors.numpy import save_file
 
 import tblock
 from tblock import GPT2
+from tblock.formats import quantize_matrix
 from tblock.models.gpt2 import GPT2Config
 
 from conftest import proc, rel_err
@@ -526,18 +527,27 @@ def stored_tensors(exact, fmt, n_layer):
     return t
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
-def test_weights_are_stored_in_the_format_asked(ckpt, rng, backend, fmt):
-    """from_pretrained(weights=fmt): every block's six matrices in fmt, each the quantized
-    checkpoint matrix it stands for; the logits are GPT-2's on those values.  The embedding,
-    the tied head and LN_f stay the checkpoint's float32."""
+@pytest.mark.parametrize("fmt, head", [("bf16", None), ("int8", None), ("int4", None), ("int4", "int4"),
+                                       ("int8", "fp32")])
+def test_weights_are_stored_in_the_format_asked(ckpt, rng, backend, fmt, head):
+    """from_pretrained(weights=fmt, head_weights=head): every block's six matrices in fmt,
+    each the quantized checkpoint matrix it stands for, and the tied embedding in head
+    (None: fmt, but int8 under int4 blocks), its rows the tokens'; the logits are GPT-2's on
+    those values.  LN_f stays the checkpoint's float32."""
     root, _, exact = ckpt
-    model = GPT2.from_pretrained(root, weights=fmt)
-    assert model.weight_format == fmt and fmt in repr(model)
+    model = GPT2.from_pretrained(root, weights=fmt, head_weights=head)
+    head = head or ("int8" if fmt == "int4" else fmt)
+    assert (model.weight_format, model.head_format) == (fmt, head) and fmt in repr(model)
     assert all(b.format == fmt for b in model.blocks)
-    assert model.wte.dtype == np.float32 and np.array_equal(model.wte, exact["transformer.wte.weight"])
     assert np.array_equal(model.ln_f[32:], exact["transformer.ln_f.bias"])
     t = stored_tensors(exact, fmt, 2)
+    wte = exact["transformer.wte.weight"]
+    if head == "fp32":
+        assert model.wte.dtype == np.float32 and np.array_equal(model.wte, wte)
+    else:
+        stored = quantize_matrix(wte.T, head)           # wte^T: one stored row a token
+        assert np.array_equal(model.wte.data, stored.data)
+        t["transformer.wte.weight"] = stored.dequantize(np.float64).T
     b = model.blocks[1]
     assert np.array_equal(b.matrix("w_v"), t["transformer.h.1.attn.c_attn.weight"][:, 64:])
     assert np.array_equal(b.matrix("w_ff2"), t["transformer.h.1.mlp.c_proj.weight"])
@@ -593,13 +603,16 @@ def test_blocks_must_share_one_format_and_compute_in_float32():
 @pytest.mark.parametrize("fmt, bytes_per_value", [("fp32", 4), ("bf16", 2), ("int8", 34 / 32), ("int4", 18 / 32)])
 def test_bytes_per_token_counts_the_blocks_the_head_and_the_cache(ckpt, fmt, bytes_per_value):
     """Counted by hand from the sizes: per block 4 d^2 + 2 d d_ff matrix values in the format
-    and 9 d + d_ff float32 biases and LayerNorm values; the head vocab * d float32; the
-    cache 2 * n_layer * context * d float32."""
-    model = GPT2.from_pretrained(ckpt[0], weights=fmt)
+    and 9 d + d_ff float32 biases and LayerNorm values; the head vocab * d values in its
+    format (float32 when asked so; int8, 1.0625 bytes, under int4 blocks); the cache
+    2 * n_layer * context * d float32."""
     V, L, d, f = 101, 2, 32, 128
     blocks = L * (round((4 * d * d + 2 * d * f) * bytes_per_value) + 4 * (9 * d + f))
+    model = GPT2.from_pretrained(ckpt[0], weights=fmt, head_weights="fp32")
     assert model.bytes_per_token() == model.bytes_per_token(0) == blocks + 4 * V * d
     assert model.bytes_per_token(24) == blocks + 4 * V * d + 4 * 2 * L * 24 * d
+    head = round(V * d * (1.0625 if fmt == "int4" else bytes_per_value))
+    assert GPT2.from_pretrained(ckpt[0], weights=fmt).bytes_per_token(24) == blocks + head + 4 * 2 * L * 24 * d
     assert GPT2.from_pretrained(ckpt[0], dtype=np.float64).bytes_per_token(5) == (
         L * 8 * (4 * d * d + 2 * d * f + 9 * d + f) + 8 * V * d + 8 * 2 * L * 5 * d)
     with pytest.raises(ValueError, match="context must be <= n_positions=24, got 25"):

@@ -25,6 +25,7 @@ import numpy as np
 from ..api import Stack, get_backend
 from ..backends import DEFAULT_BACKEND, lm_hook
 from ..config import BlockConfig, check_int
+from ..formats import QuantizedMatrix, dequantize
 from ..kvcache import KVCache
 from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
 from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
@@ -62,7 +63,10 @@ class CausalLM:
             return a
 
         self.vocab_size, self.n_positions, self.dtype = vocab_size, n_positions, dtype
-        self.wte = own("wte", embeddings[0], (vocab_size, d))      # (vocab, d): row v is token v
+        if isinstance(embeddings[0], QuantizedMatrix):
+            self.wte = self._stored_wte(embeddings[0], d)            # wte^T stored: (d, vocab), a row a token
+        else:
+            self.wte = own("wte", embeddings[0], (vocab_size, d))  # (vocab, d): row v is token v
         self.wpe = own("wpe", embeddings[1], (n_positions, d))     # (n_positions, d): row t is position t
         gamma, beta = (own(f"ln_f_{n}", v, (d,)) for n, v in zip(("gamma", "beta"), ln_f))
         self.ln_f = frozen_copy(np.concatenate([gamma, beta]), dtype)     # (2d,): [gamma | beta]
@@ -74,6 +78,16 @@ class CausalLM:
         self.eps = cfg.eps                      # LN_f's, as the blocks' LayerNorms
         self._heads = {}                        # backend name -> its prepare_head(wte), on first use
         self._step, self._step_backend = None, None     # the prepared decode step and its backend
+
+    def _stored_wte(self, wte: QuantizedMatrix, d: int) -> QuantizedMatrix:
+        # the tied head's matrix wte^T in a stored format (its rows are the tokens' embeddings)
+        if wte.shape != (d, self.vocab_size):
+            raise ValueError(f"a stored wte holds wte^T: shape (d_model, vocab_size) = {(d, self.vocab_size)}, "
+                             f"got {wte.shape}")
+        if self.dtype != np.float32:
+            raise ValueError(f"a {wte.format} wte computes in float32: the model's dtype must be float32, "
+                             f"got {self.dtype}")
+        return wte
 
     def _cast(self, w, i: int) -> BlockWeights:
         # every block in the model's dtype, so the blocks run in the dtype the logits have
@@ -103,7 +117,8 @@ class CausalLM:
     def __setstate__(self, state):
         self.__dict__.update(state)
         for name in ("wte", "wpe", "ln_f"):     # pickle hands arrays back writeable
-            setattr(self, name, frozen_copy(getattr(self, name), self.dtype))
+            if isinstance(getattr(self, name), np.ndarray):         # a stored wte rebuilds frozen
+                setattr(self, name, frozen_copy(getattr(self, name), self.dtype))
 
     @property
     def blocks(self) -> list[BlockWeights]:
@@ -112,26 +127,33 @@ class CausalLM:
     @property
     def weight_format(self) -> str:
         """How the blocks' six matrices are stored: "fp32", "fp64", "bf16", "int8" or "int4"
-        (tblock.formats); the embeddings, the tied head and LN_f are in the model's dtype."""
+        (tblock.formats); head_format says how the tied embedding is."""
         return self.blocks[0].format
+
+    @property
+    def head_format(self) -> str:
+        """How the tied embedding wte (the head's matrix) is stored; wpe and LN_f are always
+        in the model's dtype."""
+        w = self.wte
+        return w.format if isinstance(w, QuantizedMatrix) else ("fp64" if w.dtype == np.float64 else "fp32")
 
     def param_count(self) -> int:
         """Parameters, the tied head counted once (a stored matrix counts its d_in * d_out)."""
         blocks = sum(int(np.prod(a.shape)) for b in self.blocks for a in b.arrays().values())
-        return self.wte.size + self.wpe.size + blocks + self.ln_f.size
+        return self.vocab_size * self.stack.cfg.d_model + self.wpe.size + blocks + self.ln_f.size
 
     def bytes_per_token(self, context: int = 0) -> int:
         """The bytes one decode step reads, with ``context`` keys and values per block in its
         caches (0 <= context <= n_positions): every block's ``BlockWeights.nbytes`` (its six
-        matrices as stored, biases and LayerNorm affines), the head's matrix (wte, vocab * d
-        in the model's dtype) and the caches' keys and values, 2 * n_layer * context * d
+        matrices as stored, biases and LayerNorm affines), the head's matrix (wte as stored)
+        and the caches' keys and values, 2 * n_layer * context * d
         in the model's dtype.  Not counted: LN_f's 2d values, the two embedding rows the
         step adds, and activations (each O(d) or O(d_ff), not O(d^2))."""
         context = check_int("context", context, 0)
         if context > self.n_positions:
             raise ValueError(f"context must be <= n_positions={self.n_positions}, got {context}")
         blocks = sum(b.nbytes for b in self.blocks)
-        kv = 2 * len(self.blocks) * context * self.wte.shape[1] * self.dtype.itemsize
+        kv = 2 * len(self.blocks) * context * self.stack.cfg.d_model * self.dtype.itemsize
         return blocks + self.wte.nbytes + kv
 
     # --------------------------------------------------------------- forward
@@ -161,7 +183,16 @@ class CausalLM:
 
     def embed(self, ids2: np.ndarray, past: int = 0) -> np.ndarray:
         """h_0 of tokens ids2 (B, T) at positions past .. past + T - 1: (B, T, d)."""
-        return self.wte[ids2] + self.wpe[past:past + ids2.shape[1]]
+        return self.embedding_rows(ids2) + self.wpe[past:past + ids2.shape[1]]
+
+    def embedding_rows(self, ids2: np.ndarray) -> np.ndarray:
+        """wte's rows of tokens ids2 (B, T): (B, T, d) in the model's dtype (a stored wte's
+        rows dequantized exactly, only those)."""
+        if not isinstance(self.wte, QuantizedMatrix):
+            return self.wte[ids2]
+        d = self.stack.cfg.d_model
+        rows = dequantize(self.wte.format, self.wte.data[ids2.reshape(-1)], (d, ids2.size))   # (d, n)
+        return np.ascontiguousarray(rows.T).reshape(ids2.shape + (d,))
 
     def hidden_states(self, ids, backend: str | None = None) -> np.ndarray:
         """The residual stream h_0 (the embeddings), h_1, ..., h_N (after each block),
@@ -199,8 +230,9 @@ class CausalLM:
         model's dtype, into ``out`` when given (a C-contiguous (B, T, vocab) array of it)."""
         name = self._backend(backend)
         H = as_float_array("H", H, 3)
-        if H.shape[-1] != self.wte.shape[1] or H.dtype != self.dtype:
-            raise ValueError(f"H must be (B, T, {self.wte.shape[1]}) of {self.dtype}, got {H.shape} of {H.dtype}")
+        d = self.stack.cfg.d_model
+        if H.shape[-1] != d or H.dtype != self.dtype:
+            raise ValueError(f"H must be (B, T, {d}) of {self.dtype}, got {H.shape} of {H.dtype}")
         if out is not None and (not isinstance(out, np.ndarray) or out.dtype != self.dtype
                                 or out.shape != H.shape[:2] + (self.vocab_size,) or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "

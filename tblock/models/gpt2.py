@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..config import BlockConfig, check_bool, check_int
-from ..formats import check_format
+from ..formats import check_format, quantize_matrix
 from ..weights import BlockWeights, check_finite, quantize
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
@@ -273,10 +273,11 @@ class GPT2(CausalLM):
     def __repr__(self):
         c = self.config
         return (f"GPT2(n_layer={c.n_layer}, n_embd={c.n_embd}, n_head={c.n_head}, vocab_size={c.vocab_size}, "
-                f"n_positions={c.n_positions}, dtype={self.dtype}, weights={self.weight_format})")
+                f"n_positions={c.n_positions}, dtype={self.dtype}, weights={self.weight_format}, "
+                f"head_weights={self.head_format})")
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32, *, weights: str = "fp32") -> "GPT2":
+    def from_pretrained(cls, path, dtype=np.float32, *, weights: str = "fp32", head_weights: str | None = None) -> "GPT2":
         """Load a Hugging Face GPT-2 checkpoint directory: config.json plus model.safetensors,
         or shards listed in model.safetensors.index.json.  Tensors may be float32, float16
         or bfloat16; they are converted to ``dtype`` (float32, or float64), the compute dtype.
@@ -284,19 +285,35 @@ class GPT2(CausalLM):
         ``weights``: how each block's six matrices are stored, one of tblock.FORMATS: "fp32"
         (the default) keeps them as loaded, in ``dtype``; "bf16", "int8" and "int4" quantize
         the float32 matrices with tblock.quantize (biases and LayerNorms stay float32) and
-        need dtype float32, the dtype a stored format computes in.  The head and embedding
-        stay float32 for now: wte, wpe and LN_f are never quantized."""
+        need dtype float32, the dtype a stored format computes in.
+
+        ``head_weights``: how the tied embedding wte (the head's matrix, GPT-2 small's largest)
+        is stored, another of tblock.FORMATS; None (the default) follows ``weights``, except
+        that int4 blocks get an int8 head: the head in 4 bits cost a trained model ten times
+        the perplexity the blocks in 4 bits did (docs/formats.md), and llama.cpp keeps its
+        output matrix above 4 bits too.  A stored wte is read in place by the head and by
+        the embedding's lookups.  wpe and LN_f stay in ``dtype``."""
         check_format(weights, "weights")
+        if head_weights is None:
+            head_weights = "int8" if weights == "int4" else weights
+        check_format(head_weights, "head_weights")
         dtype = check_dtype(dtype)
-        if weights != "fp32" and dtype != np.float32:
-            raise ValueError(f"weights={weights!r} computes in float32: dtype must be float32, got {dtype}")
+        for name, fmt in (("weights", weights), ("head_weights", head_weights)):
+            if fmt != "fp32" and dtype != np.float32:
+                raise ValueError(f"{name}={fmt!r} computes in float32: dtype must be float32, got {dtype}")
         ckpt = Checkpoint(path)
         cfg = GPT2Config.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
         t = read_gpt2(ckpt, cfg, dtype)
         blocks = [_block_from_hf(t, i, cfg.n_embd) for i in range(cfg.n_layer)]
         if weights != "fp32":
             blocks = [_stored(b, weights, i, ckpt.root) for i, b in enumerate(blocks)]
-        return cls(cfg, t["wte.weight"], t["wpe.weight"], blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
+        wte = t["wte.weight"]
+        if head_weights != "fp32":
+            try:
+                wte = quantize_matrix(wte.T, head_weights, name="wte")     # wte^T: a row a token
+            except ValueError as e:
+                raise ValueError(f"{ckpt.root}: wte cannot be stored as {head_weights}: {e}") from None
+        return cls(cfg, wte, t["wpe.weight"], blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
 
     @classmethod
     def init(cls, config: GPT2Config, seed, dtype=np.float32) -> "GPT2":
