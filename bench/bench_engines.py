@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -321,13 +322,16 @@ def llama_cpp_tree(ctx) -> Path:
     dl = ctx.cache / "dl"
     sdist = dl / f"llama_cpp_python-{ver}.tar.gz"
     if not sdist.is_file():
+        if ctx.args.no_install:
+            raise Unavailable(f"no llama.cpp source in {ctx.cache} (and --no-install)")
         log(f"downloading the llama-cpp-python {ver} source package")
         run_logged([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                     f"llama-cpp-python=={ver}", "-d", dl], ctx.cache / "logs" / "pip-download-llama.log",
                    "pip download llama-cpp-python", timeout=1800)
     log(f"unpacking {sdist.name}")
-    with tarfile.open(sdist) as tar:
-        tar.extractall(ctx.cache / "src", filter="data")
+    with tarfile.open(sdist) as tar:    # the "data" filter (no links out, no devices) where Python has it
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(ctx.cache / "src", **kw)
     if not (tree / "CMakeLists.txt").is_file():
         raise Unavailable(f"{sdist} holds no vendor/llama.cpp/CMakeLists.txt")
     return tree
@@ -339,6 +343,8 @@ def llama_cpp_build(ctx, tree: Path) -> dict:
     tools = {n: build / "bin" / n for n in ("llama-bench", "llama-quantize")}
     if all(p.is_file() for p in tools.values()):
         return tools
+    if ctx.args.no_install:
+        raise Unavailable(f"no llama.cpp build in {build} (and --no-install)")
     if shutil.which("cmake") is None:
         raise Unavailable("cmake is not on PATH (Debian: apt-get install cmake)")
     jobs = ctx.args.build_jobs
@@ -407,7 +413,9 @@ def llama_bench(ctx, bench: Path, model: Path, extra: list) -> tuple[list, dict]
     (test,) = json.loads(p.stdout)
     keep = ("build_commit", "build_number", "cpu_info", "backends", "n_threads", "type_k", "type_v",
             "flash_attn", "n_batch", "n_ubatch", "model_type", "model_size")
-    return [ns * 1e-9 for ns in test["samples_ns"]], {k: test.get(k) for k in keep}
+    info = {k: test.get(k) for k in keep}
+    info["command"] = " ".join(str(c) for c in cmd)
+    return [ns * 1e-9 for ns in test["samples_ns"]], info
 
 
 def llama_cpp_rows(ctx) -> list:
@@ -421,7 +429,8 @@ def llama_cpp_rows(ctx) -> list:
             path = gguf_file(ctx, tree, tools, kind)
             d, info = llama_bench(ctx, tools["llama-bench"], path,
                                   ["-p", 0, "-n", ctx.args.gen, "-d", ctx.args.context])
-            p, _ = llama_bench(ctx, tools["llama-bench"], path, ["-p", len(ctx.long), "-n", 0])
+            p, info_p = llama_bench(ctx, tools["llama-bench"], path, ["-p", len(ctx.long), "-n", 0])
+            info["command_prefill"] = info_p["command"]
         except Unavailable as e:
             ctx.skip("llama.cpp", kind, str(e))
             continue
@@ -532,8 +541,10 @@ def openvino_rows(ctx) -> list:
                             "--disable-convert-tokenizer", "--weight-format", *export, tmp],
                            ctx.cache / "logs" / f"ov-{export[0]}.log", f"optimum-cli export --weight-format {export[0]}")
                 tmp.rename(out)
+            what = "openvino_model.bin (file)" + ("; the bf16 hint makes bf16 copies of its fp32 weights when compiling"
+                                                  if hint == "bf16" else "")
             rows.append(child_rows(ctx, "openvino", out, hint, label, fmt,
-                                   (out / "openvino_model.bin").stat().st_size, "openvino_model.bin (file)"))
+                                   (out / "openvino_model.bin").stat().st_size, what))
         except Unavailable as e:
             ctx.skip("OpenVINO", label, str(e))
     return rows
@@ -675,6 +686,11 @@ def main(argv=None) -> int:
             rows += MEASURE[engine](ctx)
         except Unavailable as e:
             ctx.skip(engine, "every format", str(e))
+        except Exception as e:          # another library's failure ends its rows, not the run
+            if engine == "tblock":
+                raise
+            traceback.print_exc()
+            ctx.skip(engine, "every format", f"{type(e).__name__}: {e}")
         log(f"{engine}: {time.perf_counter() - t:.0f} s")
     bw_end = memory_bandwidth(threads["numba"])
     print(f"memory at the end: read {bw_end['read_GBs']:.1f} GB/s")
