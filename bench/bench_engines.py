@@ -12,8 +12,9 @@ transformers' random initialisation (torch seed --seed), saved with save_pretrai
 --threads threads everywhere (default 2).  Every engine reads that checkpoint through its own
 converter:
 
-  tblock        GPT2.from_pretrained(path, weights=fp32|bf16|int8|int4); the model says what it
-                holds (its blocks' format; the tied embedding and head stay float32 for now)
+  tblock        GPT2.from_pretrained(path, weights=fp32|bf16|int8|int4): the tied embedding/head
+                in from_pretrained's default format for it (or --head-weights); each row says
+                what the model holds
   transformers  GPT2LMHeadModel.from_pretrained, fp32, torch at --threads
   llama.cpp     built from the llama-cpp-python source package (pip download --no-binary,
                 its vendored llama.cpp; cmake Release, CPU only, -march=native); its
@@ -174,14 +175,17 @@ def checkpoint(cache: Path, shape: dict, seed: int) -> Path:
 # ---------------------------------------------------------------------------------------
 # tblock and transformers, in this process
 
-def load_tblock(path: Path, fmt: str):
-    """tblock's GPT2 with its blocks in ``fmt``: from_pretrained(weights=...), or where that
-    keyword is not there yet, each block quantized with tblock.quantize."""
+def load_tblock(path: Path, fmt: str, head: str | None = None):
+    """tblock's GPT2 with its blocks in ``fmt`` (and its tied embedding in ``head``, where
+    given; else GPT2's default for ``fmt``): from_pretrained(weights=...), or where that
+    keyword is not there, each block quantized with tblock.quantize."""
     import tblock
+    kw = {} if head is None else {"head_weights": head}
     try:
-        return tblock.GPT2.from_pretrained(path, weights=fmt), "GPT2.from_pretrained(path, weights=fmt)"
+        how = "GPT2.from_pretrained(path, weights=fmt" + (f", head_weights={head!r})" if head else ")")
+        return tblock.GPT2.from_pretrained(path, weights=fmt, **kw), how
     except TypeError as e:
-        if "weights" not in str(e):
+        if "weights" not in str(e) or head is not None:
             raise
     m = tblock.GPT2.from_pretrained(path)
     if fmt == "fp32":
@@ -207,7 +211,8 @@ def tblock_rows(ctx) -> list:
     rows = []
     for fmt in ctx.args.formats:
         t0 = time.perf_counter()
-        m, how = load_tblock(ctx.ckpt, fmt)
+        # the fp32 row stays all float32: the reference the other rows' logits are set against
+        m, how = load_tblock(ctx.ckpt, fmt, ctx.args.head_weights if fmt != "fp32" else None)
         load_s = time.perf_counter() - t0
         V = m.config.vocab_size
         buf = np.empty((1, V), np.float32)
@@ -630,6 +635,9 @@ def parse_args(argv):
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)} (default all)")
     ap.add_argument("--formats", default=",".join(TBLOCK_FORMATS),
                     help="tblock formats, and the engines' formats matching them (default fp32,bf16,int8,int4)")
+    ap.add_argument("--head-weights", choices=TBLOCK_FORMATS, default=None,
+                    help="tblock's tied embedding/head format in the bf16, int8 and int4 rows (default: "
+                         "GPT2.from_pretrained's for each format; the fp32 row stays float32)")
     ap.add_argument("--context", type=positive_int, default=128, help="the prompt before the timed decode steps")
     ap.add_argument("--gen", type=positive_int, default=32, help="decode steps timed together (default 32)")
     ap.add_argument("--prefill", type=positive_int, default=512, help="prefill length (default 512)")
