@@ -38,38 +38,47 @@ Q4_BYTES = 18                   # a Q4_0 block: float16 d, 16 bytes of two nibbl
 
 
 @kernel(internal=True)
-def dot_f32(x, x_off, W, off, n):
-    """sum_i x[x_off + i] * W[off + i] for i < n, in two chains (an FMA's latency is
-    several loads')."""
+def dot_rows(x, x_off, W, off, n):
+    """sum_i x[x_off + i] * W[off + i] for i < n, W float32 or bf16 (row_load, row_value),
+    in two chains (an FMA's latency is several loads')."""
     L = lanes(x)
     acc0 = vsplat(x, 0.0)
     acc1 = vsplat(x, 0.0)
     i = 0
     while i + 2 * L <= n:
-        acc0 = vfma(vload(x, x_off + i), vload(W, off + i), acc0)
-        acc1 = vfma(vload(x, x_off + i + L), vload(W, off + i + L), acc1)
+        acc0 = vfma(vload(x, x_off + i), row_load(W, off + i), acc0)
+        acc1 = vfma(vload(x, x_off + i + L), row_load(W, off + i + L), acc1)
         i += 2 * L
     s = vhsum(acc0) + vhsum(acc1)
     for k in range(i, n):
-        s += x[x_off + k] * W[off + k]
+        s += x[x_off + k] * row_value(W, off + k)
     return s
 
 
-@kernel(internal=True)
-def dot_bf16(x, x_off, W16, off, n):
-    """dot_f32 over bf16 weights."""
-    L = lanes(x)
-    acc0 = vsplat(x, 0.0)
-    acc1 = vsplat(x, 0.0)
-    i = 0
-    while i + 2 * L <= n:
-        acc0 = vfma(vload(x, x_off + i), bf16_load(W16, off + i), acc0)
-        acc1 = vfma(vload(x, x_off + i + L), bf16_load(W16, off + i + L), acc1)
-        i += 2 * L
-    s = vhsum(acc0) + vhsum(acc1)
-    for k in range(i, n):
-        s += x[x_off + k] * bf16_scalar(W16[off + k])
-    return s
+def row_load(W, i):
+    """The float32 vector W[i : i + L] of float32 or bf16 (uint16) rows."""
+
+
+@overload(row_load, inline="always")
+def _row_load(W, i):
+    if W.dtype == types.float32:
+        return lambda W, i: vload(W, i)
+    if W.dtype == types.uint16:
+        return lambda W, i: bf16_load(W, i)
+    return None
+
+
+def row_value(W, i):
+    """The float32 W[i] of float32 or bf16 (uint16) rows."""
+
+
+@overload(row_value, inline="always")
+def _row_value(W, i):
+    if W.dtype == types.float32:
+        return lambda W, i: W[i]
+    if W.dtype == types.uint16:
+        return lambda W, i: bf16_scalar(W[i])
+    return None
 
 
 @kernel(internal=True)
@@ -110,10 +119,8 @@ def row_dot(x, x_off, W, j, d_in, k0, k):
 
 @overload(row_dot)
 def _row_dot(x, x_off, W, j, d_in, k0, k):
-    if W.dtype == types.float32:
-        return lambda x, x_off, W, j, d_in, k0, k: dot_f32(x, x_off, W, j * d_in + k0, k)
-    if W.dtype == types.uint16:
-        return lambda x, x_off, W, j, d_in, k0, k: dot_bf16(x, x_off, W, j * d_in + k0, k)
+    if W.dtype in (types.float32, types.uint16):
+        return lambda x, x_off, W, j, d_in, k0, k: dot_rows(x, x_off, W, j * d_in + k0, k)
     if W.dtype == types.int8:
         return lambda x, x_off, W, j, d_in, k0, k: dot_q8(
             x, x_off, W, (j * (d_in // QBLOCK) + k0 // QBLOCK) * Q8_BYTES, k // QBLOCK)
@@ -129,16 +136,11 @@ def unpack_row(W, j, d_in, k0, k, out, o, stride):
 
 @overload(unpack_row)
 def _unpack_row(W, j, d_in, k0, k, out, o, stride):
-    if W.dtype == types.float32:
-        def f32(W, j, d_in, k0, k, out, o, stride):
+    if W.dtype in (types.float32, types.uint16):
+        def rows(W, j, d_in, k0, k, out, o, stride):
             for i in range(k):
-                out[o + i * stride] = W[j * d_in + k0 + i]
-        return f32
-    if W.dtype == types.uint16:
-        def bf16(W, j, d_in, k0, k, out, o, stride):
-            for i in range(k):
-                out[o + i * stride] = bf16_scalar(W[j * d_in + k0 + i])
-        return bf16
+                out[o + i * stride] = row_value(W, j * d_in + k0 + i)
+        return rows
     if W.dtype in (types.int8, types.uint8):
         q8 = W.dtype == types.int8
         size = Q8_BYTES if q8 else Q4_BYTES

@@ -98,30 +98,22 @@ def wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_block with B a matrix of the weights W (b: its Panels in the float layout)."""
 
 
-@overload(wgemm_block)
-def _wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
-    if isinstance(W, types.Array):
-        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_block(
-            A, a, W, b, C, c, tile, accumulate, bias_off)
-    if _is_stored(W):
-        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
-            A, a, W, b, C, c, tile, accumulate, bias_off)
-    return None
+def _weights_gemm(float_gemm):
+    """The overload of a GEMM over W's matrix: float_gemm (gemm_block or gemm_panels) on a
+    flat float array, stored_gemm on a Stored."""
+    def typer(A, a, W, b, C, c, tile, accumulate, bias_off):
+        if isinstance(W, types.Array):
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: float_gemm(
+                A, a, W, b, C, c, tile, accumulate, bias_off)
+        if _is_stored(W):
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
+                A, a, W, b, C, c, tile, accumulate, bias_off)
+        return None
+    return typer
 
 
 def wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_panels with B a matrix of the weights W, as wgemm_block."""
-
-
-@overload(wgemm_panels)
-def _wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
-    if isinstance(W, types.Array):
-        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: gemm_panels(
-            A, a, W, b, C, c, tile, accumulate, bias_off)
-    if _is_stored(W):
-        return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
-            A, a, W, b, C, c, tile, accumulate, bias_off)
-    return None
 
 
 def as_head(Ep, like):
@@ -200,6 +192,10 @@ def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
         Bs[bias:bias + npn * NR] = f[bias_off + j0:bias_off + j0 + npn * NR]
     gemm_panels(A, a, Bs, Panels(0, k * NR, k, b.n - j0), C, Rows(c.off + j0, c.ld),
                 Tile(i0, i1, 0, npn), accumulate, bias)
+
+
+overload(wgemm_block)(_weights_gemm(gemm_block))
+overload(wgemm_panels)(_weights_gemm(gemm_panels))
 
 
 def stored_map(d: int, dff: int, NR: int, fmt: str, layout) -> np.ndarray:

@@ -138,7 +138,7 @@ def test_a_format_compiles_only_its_own_kernels(fmt, tmp_path):
     p = subprocess.run(proc("format_builds", fmt), capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr
     builds = json.loads(p.stdout.strip().splitlines()[-1])
-    own = {"fp32": set(), "bf16": {"dot_bf16"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
+    own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
     for name, n in builds.items():
         if name == "stored_gemm":
             assert (n > 0) == (fmt != "fp32"), builds

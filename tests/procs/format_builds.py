@@ -21,6 +21,6 @@ tblock.forward(H, w, cfg, cache=tblock.KVCache(cfg, 8, 1, np.float32))
 E = np.random.default_rng(1).standard_normal((100, 64)).astype(np.float32)
 head = prepare_head(E if fmt == "fp32" else quantize_matrix(E.T, fmt), np.float32)
 lm_head(H[None], np.ones(128, np.float32), 1e-5, head, np.empty((1, 5, 100), np.float32))
-kernels = {"stored_gemm": wgemm.stored_gemm, "dot_bf16": qgemv.dot_bf16, "dot_q8": qgemv.dot_q8,
+kernels = {"stored_gemm": wgemm.stored_gemm, "dot_rows": qgemv.dot_rows, "dot_q8": qgemv.dot_q8,
            "dot_q4": qgemv.dot_q4}
 print(json.dumps({name: len(k.overloads) for name, k in kernels.items()}))
