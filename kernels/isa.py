@@ -40,6 +40,7 @@ class VectorPath:
     runnable: tuple        # every path this machine can execute, widest first
     arch: str              # the target's architecture (x86_64, aarch64, ...)
     l1d: int               # bytes of one core's L1 data cache (tiles.KC is sized to it)
+    f16c: bool = False     # the target converts float16 to float32 in one instruction
 
     @property
     def key(self) -> str:
@@ -129,7 +130,8 @@ def l1d_bytes() -> int:
 def _make(name: str, triple: str, cpu: str, features: str, forced: bool, runnable: tuple) -> VectorPath:
     vector_bytes = {"avx512": 64, "avx2": 32, "generic": 16}[name]
     fma = name != "generic" or has_fma(triple, cpu, features)
-    return VectorPath(name, vector_bytes, cpu, forced, fma, runnable, triple.split("-")[0], l1d_bytes())
+    f16c = "+f16c" in features.split(",")
+    return VectorPath(name, vector_bytes, cpu, forced, fma, runnable, triple.split("-")[0], l1d_bytes(), f16c)
 
 
 def resolve(env=None) -> VectorPath:
