@@ -97,12 +97,16 @@ class _Call:
                 raise ValueError(f"{name}: an output array must be writeable")
             ptr, n = self.ffi.from_buffer("double[]", a, require_writable=writable), a.size
             self.keep.append(ptr)
-        if name in self.lens:
-            claimed = self.lens.pop(name)
-            if not 0 <= claimed <= n:   # a longer claim would let C run past the array
-                raise ValueError(f"lens[{name!r}]={claimed} must be between 0 and the array's size {n}")
-            n = claimed
-        return ptr, n
+        return ptr, self._claimed(name, n)
+
+    def _claimed(self, name, n):
+        """The length C is told for array ``name`` of n elements: lens' claim, when given."""
+        if name not in self.lens:
+            return n
+        claimed = self.lens.pop(name)
+        if not 0 <= claimed <= n:   # a longer claim would let C run past the array
+            raise ValueError(f"lens[{name!r}]={claimed} must be between 0 and the array's size {n}")
+        return claimed
 
     def bytes(self, name, a):
         """A C-contiguous uint8 array (or None) as a (const uint8_t *, length) pair."""
@@ -113,12 +117,7 @@ class _Call:
                 raise TypeError(f"{name}: raw C calls take C-contiguous uint8 arrays or None")
             ptr, n = self.ffi.from_buffer("uint8_t[]", a), a.size
             self.keep.append(ptr)
-        if name in self.lens:
-            claimed = self.lens.pop(name)
-            if not 0 <= claimed <= n:   # a longer claim would let C run past the array
-                raise ValueError(f"lens[{name!r}]={claimed} must be between 0 and the array's size {n}")
-            n = claimed
-        return ptr, n
+        return ptr, self._claimed(name, n)
 
     def config(self, cfg):
         if cfg is None:
