@@ -17,7 +17,8 @@ def kernels():
 
 
 def bare_kernels():
-    import kernels  # noqa: F401
+    import kernels  # noqa: F401  (an ImportError, unless another project's `kernels` is installed)
+    print(kernels.__file__)
 
 
 def worked_example():
