@@ -49,6 +49,7 @@ static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
     [TB_ERR_BLOCK]             = "TB_ERR_BLOCK",
     [TB_ERR_DATA_SIZE]         = "TB_ERR_DATA_SIZE",
     [TB_ERR_NOT_FINITE]        = "TB_ERR_NOT_FINITE",
+    [TB_ERR_DOT]               = "TB_ERR_DOT",
 };
 
 static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
@@ -83,6 +84,8 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
                                  "matrix in this format",
     [TB_ERR_NOT_FINITE]        = "a stored value is not finite: a block's float16 scale (Q8_0, Q4_0) "
                                  "or a bf16 weight is NaN or infinite",
+    [TB_ERR_DOT]               = "dot is not TB_DOT_EXACT (0) or TB_DOT_Q8 (1), or is TB_DOT_Q8 with "
+                                 "d_model or d_ff not a multiple of 32",
 };
 
 const char *tb_status_name(int status)
@@ -113,6 +116,7 @@ const char *tb_status_message(int status)
 
 /* The most doubles a buffer can hold with its size in bytes still a size_t. */
 #define TB_MAX_DOUBLES (SIZE_MAX / sizeof(double))
+#define QBLOCK 32                     /* inputs per block of Q8_0, Q4_0 and TB_DOT_Q8's rounding */
 
 /* *out = a * b; 0 (and *out untouched) when the product exceeds TB_MAX_DOUBLES. */
 static int mul_size(size_t a, size_t b, size_t *out)
@@ -228,6 +232,10 @@ static tb_status check_config(const tb_config *cfg)
         return TB_ERR_FLAG;
     if (!eps_ok(cfg->eps))
         return TB_ERR_EPS;
+    if (cfg->dot != TB_DOT_EXACT && cfg->dot != TB_DOT_Q8)
+        return TB_ERR_DOT;
+    if (cfg->dot == TB_DOT_Q8 && (cfg->d_model % QBLOCK != 0 || cfg->d_ff % QBLOCK != 0))
+        return TB_ERR_DOT;
     return TB_OK;
 }
 
@@ -400,18 +408,49 @@ static size_t add_trace_spans(span *spans, size_t n, const tb_trace *t, const tb
 
 static const double PI = 3.14159265358979323846;
 
-/* out (rows, cols) = X (rows, inner) @ W (inner, cols); each element sums k = 0 .. inner-1 in order. */
-static void matmul(double *out, const double *X, const double *W, size_t rows, size_t inner, size_t cols)
+static void copy(double *out, const double *in, size_t n)
 {
+    memcpy(out, in, n * sizeof(double));
+}
+
+/* x_in[0 .. n-1] = the n inputs at x as a product computed as `dot` takes them (tb_dot):
+ * as they are, or (TB_DOT_Q8, n = QBLOCK) rounded in float32 to d * q, q an integer. */
+static void input_block(double *x_in, const double *x, size_t n, int dot)
+{
+    if (dot == TB_DOT_EXACT) {
+        copy(x_in, x, n);
+        return;
+    }
+    float xf[QBLOCK], amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        xf[i] = (float)x[i];
+        amax = fmaxf(amax, fabsf(xf[i]));
+    }
+    const float d = amax > 0.0f ? amax / 127.0f : 0.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        x_in[i] = (double)d * (double)rintf(xf[i] * inv);     /* rintf: ties to even */
+}
+
+/* out (rows, cols) = X (rows, inner) @ W (inner, cols), X's rows taken as `dot` says
+ * (input_block); each element sums k = 0 .. inner-1 in order. TB_DOT_Q8 needs inner a
+ * multiple of QBLOCK (check_config). */
+static void matmul(double *out, const double *X, const double *W, size_t rows, size_t inner, size_t cols,
+                   int dot)
+{
+    double x_in[QBLOCK];
     for (size_t r = 0; r < rows; r++) {
         double *out_row = out + r * cols;
         for (size_t c = 0; c < cols; c++)
             out_row[c] = 0.0;
-        for (size_t k = 0; k < inner; k++) {
-            const double x = X[r * inner + k];
-            const double *w_row = W + k * cols;
-            for (size_t c = 0; c < cols; c++)
-                out_row[c] += x * w_row[c];
+        for (size_t k0 = 0; k0 < inner; k0 += QBLOCK) {
+            const size_t n = inner - k0 < QBLOCK ? inner - k0 : QBLOCK;
+            input_block(x_in, X + r * inner + k0, n, dot);
+            for (size_t k = 0; k < n; k++) {
+                const double *w_row = W + (k0 + k) * cols;
+                for (size_t c = 0; c < cols; c++)
+                    out_row[c] += x_in[k] * w_row[c];
+            }
         }
     }
 }
@@ -429,11 +468,6 @@ static void add_row_bias(double *X, const double *bias, size_t rows, size_t cols
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++)
             X[r * cols + c] += bias[c];
-}
-
-static void copy(double *out, const double *in, size_t n)
-{
-    memcpy(out, in, n * sizeof(double));
 }
 
 /* LN(x) = (x - mean) / sqrt(var + eps) per row, var the population variance
@@ -541,14 +575,14 @@ static double activation(int act, double x)
 /* F_pre = X W1 (+ b1); F_post = act(F_pre); F_out = F_post W2 (+ b2). b1, b2 NULL for none. */
 static void ffn(double *F_out, double *F_pre, double *F_post, const double *X,
                 size_t T, size_t d, size_t f,
-                const double *w1, const double *b1, const double *w2, const double *b2, int act)
+                const double *w1, const double *b1, const double *w2, const double *b2, int act, int dot)
 {
-    matmul(F_pre, X, w1, T, d, f);
+    matmul(F_pre, X, w1, T, d, f, dot);
     if (b1 != NULL)
         add_row_bias(F_pre, b1, T, f);
     for (size_t i = 0; i < T * f; i++)
         F_post[i] = activation(act, F_pre[i]);
-    matmul(F_out, F_post, w2, T, f, d);
+    matmul(F_out, F_post, w2, T, f, d, dot);
     if (b2 != NULL)
         add_row_bias(F_out, b2, T, d);
 }
@@ -639,9 +673,9 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
                 const tb_sizes *s, const seq_cache *c)
 {
     kv_view kv;
-    matmul(b->Q, X, w->w_q, s->T, s->d, s->d);
-    matmul(b->K, X, w->w_k, s->T, s->d, s->d);
-    matmul(b->V, X, w->w_v, s->T, s->d, s->d);
+    matmul(b->Q, X, w->w_q, s->T, s->d, s->d, cfg->dot);
+    matmul(b->K, X, w->w_k, s->T, s->d, s->d, cfg->dot);
+    matmul(b->V, X, w->w_v, s->T, s->d, s->d, cfg->dot);
     if (cfg->has_attn_bias) {
         add_row_bias(b->Q, w->b_q, s->T, s->d);
         add_row_bias(b->K, w->b_k, s->T, s->d);
@@ -652,7 +686,7 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
     kv = keys_and_values(c, b, s);
     for (size_t h = 0; h < s->h; h++)
         attention_head(b->out_concat, b->A + h * s->TK, b->S, b->Q, &kv, s->T, s->d, s->dk, h, cfg->causal);
-    matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d);
+    matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d, cfg->dot);
     if (cfg->has_attn_bias)
         add_row_bias(b->A_out, w->b_o, s->T, s->d);
 }
@@ -662,7 +696,7 @@ static void block_ffn(const seq_buffers *b, const double *X, const tb_config *cf
                       const tb_sizes *s)
 {
     ffn(b->F_out, b->F_pre, b->F_post, X, s->T, s->d, s->f,
-        w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation);
+        w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation, cfg->dot);
 }
 
 /* One sequence H_in (T, d) through the block; every intermediate, H_out included, lands in b.
@@ -850,7 +884,7 @@ tb_status tb_ffn(double *F_out, size_t F_out_len,
         if (any_overlap(spans, sizeof spans / sizeof spans[0]))
             return TB_ERR_OVERLAP;
     }
-    ffn(F_out, F_pre, F_post, X, s.T, s.d, s.f, w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation);
+    ffn(F_out, F_pre, F_post, X, s.T, s.d, s.f, w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation, cfg->dot);
     return TB_OK;
 }
 
@@ -980,7 +1014,6 @@ tb_status tb_block_forward_cached(double *out, size_t out_len,
  *    The layouts are described above tb_format in tblock_ref.h.
  * ====================================================================== */
 
-#define QBLOCK 32                     /* inputs per block of Q8_0 and Q4_0 */
 #define Q8_0_BYTES (2 + QBLOCK)       /* float16 scale, 32 int8 */
 #define Q4_0_BYTES (2 + QBLOCK / 2)   /* float16 scale, 16 bytes of two nibbles */
 

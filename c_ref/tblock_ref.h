@@ -69,6 +69,7 @@ typedef enum {
     TB_ERR_BLOCK,             /* tb_dequantize: a blocked format's d_in is not a multiple of 32 */
     TB_ERR_DATA_SIZE,         /* tb_dequantize: data_len is not exactly the stored size of the shape */
     TB_ERR_NOT_FINITE,        /* tb_dequantize: a stored scale or bf16 value is NaN or infinite */
+    TB_ERR_DOT,               /* dot is not a tb_dot, or TB_DOT_Q8 with d_model or d_ff not a multiple of 32 */
     TB_STATUS_COUNT           /* number of codes; not a code */
 } tb_status;
 
@@ -100,6 +101,17 @@ typedef enum {
     TB_FMT_Q4_0 = 2
 } tb_format;
 
+/* How a product X @ W with a weight matrix is computed (tb_config.dot).
+ *   EXACT: X's doubles times W's.
+ *   Q8:    each row of X first rounded as llama.cpp rounds activations for its 8-bit
+ *          dot products, in float32, block by block of 32 inputs: amax = max |x|;
+ *          d = amax / 127, q = rint(x * (127 / amax)) (ties to even), x -> d * q
+ *          (0 where amax is 0). d_model and d_ff must be multiples of 32. */
+typedef enum {
+    TB_DOT_EXACT = 0,
+    TB_DOT_Q8 = 1
+} tb_dot;
+
 /* The block's hyper-parameters. */
 typedef struct {
     int64_t d_model;          /* width of the residual stream, >= 1 */
@@ -112,6 +124,7 @@ typedef struct {
     int     has_ffn_bias;     /* 1: b_ff1, b_ff2 are given; 0: they must be NULL */
     int     has_ln_affine;    /* 1: ln1/ln2 gamma, beta are given; 0: they must be NULL */
     int     has_attn_bias;    /* 1: b_q, b_k, b_v, b_o are given; 0: they must be NULL */
+    int     dot;              /* a tb_dot: how products with w_q .. w_ff2 are computed */
 } tb_config;
 
 /* The block's parameters, each with its length in doubles. */

@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .formats import FORMATS
     gen.add_argument("--weights", default="fp32", choices=FORMATS,
                      help="how the blocks' matrices are stored: quantized on loading (default fp32; "
-                          "the embedding and the head stay float32)")
+                          "the tied embedding and head follow, int8 under int4 blocks)")
+    gen.add_argument("--dot", default="fp32", choices=("fp32", "int8"),
+                     help="how products with int8/int4 weights are computed: fp32 (default) or int8 "
+                          "(each input row rounded to int8 blocks, as llama.cpp does: faster, less exact)")
     return parser
 
 
@@ -72,7 +75,7 @@ def run_generate(args) -> int:
     tokenizer = None
     if args.prompt is not None or (root / "tokenizer.json").is_file():
         tokenizer = _tokenizer(root, needed=args.prompt is not None)
-    model = GPT2.from_pretrained(root, weights=args.weights)
+    model = GPT2.from_pretrained(root, weights=args.weights, dot=args.dot)
     ids = args.ids if args.prompt is None else tokenizer.encode(args.prompt).ids
     if not ids:
         raise ValueError(f"the prompt {args.prompt!r} encodes to no tokens")
@@ -98,7 +101,7 @@ def run_generate(args) -> int:
     draws = "greedy" if args.temperature == 0 else f"seed {seed}"
     sys.stderr.write(f"{chr(13) if tty else ''}{len(new)} tokens in {total:.2f} s: the prefill of {len(ids)} and "
                      f"the first token {first * 1e3:.1f} ms, then {rate} tokens/s "
-                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights})\n")
+                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights}, dot {args.dot})\n")
     out = list(ids) + new
     print(" ".join(str(i) for i in out))
     if tokenizer is not None:

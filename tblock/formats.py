@@ -16,6 +16,17 @@ the stored bytes differ from a GGUF file's).  Every stored value is exactly a fl
 (a float16 times an integer of at most 8 bits), so ``dequantize`` is exact in float32 and
 float64 alike.  The rounding follows ggml's reference quantizers, so the bytes of a matrix
 are those llama.cpp's converter writes for it.
+
+A stored matrix also says how a product x @ W with it is computed, its ``dot``:
+
+    fp32   the stored values times x's float32s (the default)
+    int8   (int8 and int4 matrices) each row x first rounded to int8 in blocks of 32 inputs,
+           as llama.cpp does, so that a kernel can sum integer products (VNNI's vpdpbusd):
+           per block, amax = max |x_i|; d = amax / 127 and q_i = rint(x_i * (127 / amax)),
+           in float32, rounding half to even; x_i becomes d * q_i (0 where amax is 0)
+
+``round_inputs`` is that rounding, the oracle's own; the kernels and the C reference have
+theirs.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ QBLOCK = 32                                  # inputs per block of the blocked f
 BLOCK_BYTES = {"int8": 2 + QBLOCK, "int4": 2 + QBLOCK // 2}
 FORMATS = ("fp32", "bf16", "int8", "int4")   # what quantize takes; float64 weights are "fp64"
 STORED = ("bf16", "int8", "int4")            # the formats a QuantizedMatrix holds
+DOTS = {"bf16": ("fp32",), "int8": ("fp32", "int8"), "int4": ("fp32", "int8")}   # by format
 
 
 def check_format(fmt, name: str = "format") -> str:
@@ -38,17 +50,29 @@ def check_format(fmt, name: str = "format") -> str:
     return fmt
 
 
+def check_dot(dot, fmt: str, name: str = "dot") -> str:
+    """``dot`` if a product with ``fmt`` weights can be computed that way (DOTS), else an error."""
+    allowed = DOTS.get(fmt, ("fp32",))
+    if not isinstance(dot, str):
+        raise TypeError(f"{name} must be a str, one of {allowed}, got {type(dot).__name__}")
+    if dot not in allowed:
+        raise ValueError(f"{name} must be one of {allowed} for {fmt} weights, got {dot!r}")
+    return dot
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedMatrix:
     """A (d_in, d_out) weight matrix held in a stored format (bf16, int8, int4)."""
     format: str
     shape: tuple                 # (d_in, d_out): the matrix X is multiplied by
     data: np.ndarray             # the stored rows, one per output feature (module docstring)
+    dot: str = "fp32"            # how x @ W is computed (module docstring)
 
     def __post_init__(self):
         check_format(self.format)
         if self.format not in STORED:
             raise ValueError(f"a QuantizedMatrix holds one of {STORED}, got {self.format!r}")
+        check_dot(self.dot, self.format)
         shape = tuple(self.shape)
         if len(shape) != 2 or not all(isinstance(n, (int, np.integer)) and n >= 1 for n in shape):
             raise ValueError(f"shape must be (d_in, d_out) of positive ints, got {self.shape!r}")
@@ -72,7 +96,7 @@ class QuantizedMatrix:
         object.__setattr__(self, "data", frozen)
 
     def __reduce__(self):
-        return type(self), (self.format, self.shape, self.data)
+        return type(self), (self.format, self.shape, self.data, self.dot)
 
     @property
     def nbytes(self) -> int:
@@ -95,12 +119,14 @@ def stored_shape(fmt: str, shape: tuple) -> tuple:
     return (d_out, d_in // QBLOCK * BLOCK_BYTES[fmt])
 
 
-def quantize_matrix(W: np.ndarray, fmt: str, name: str = "W") -> QuantizedMatrix:
-    """W (d_in, d_out), finite float32 or float64, in format ``fmt`` (one of STORED).
-    float64 is first rounded to float32, as a converter writing float32 would."""
+def quantize_matrix(W: np.ndarray, fmt: str, name: str = "W", dot: str = "fp32") -> QuantizedMatrix:
+    """W (d_in, d_out), finite float32 or float64, in format ``fmt`` (one of STORED), its
+    products computed as ``dot`` says.  float64 is first rounded to float32, as a converter
+    writing float32 would."""
     check_format(fmt)
     if fmt not in STORED:
         raise ValueError(f"quantize_matrix takes one of {STORED}, got {fmt!r}")
+    check_dot(dot, fmt)
     W = np.asarray(W)
     if W.ndim != 2:
         raise ValueError(f"{name} must be 2-D, got shape {W.shape}")
@@ -112,7 +138,7 @@ def quantize_matrix(W: np.ndarray, fmt: str, name: str = "W") -> QuantizedMatrix
         data = _q8_0(X)
     else:
         data = _q4_0(X)
-    return QuantizedMatrix(fmt, W.shape, data)
+    return QuantizedMatrix(fmt, W.shape, data, dot)
 
 
 def _to_bf16(X: np.ndarray, name: str) -> np.ndarray:
@@ -175,3 +201,18 @@ def dequantize(fmt: str, data: np.ndarray, shape: tuple) -> np.ndarray:
         q = np.concatenate([packed & 0x0F, packed >> 4], axis=2).astype(np.float32) - 8
     return (q * d[..., None]).reshape(d_out, d_in).T
 
+
+
+def round_inputs(X: np.ndarray, dot: str) -> np.ndarray:
+    """The rows of X (..., d_in) as a product computed as ``dot`` takes them, in X's dtype:
+    X itself for "fp32"; for "int8", each row rounded to float32 and then to int8 in blocks
+    of 32 (module docstring), so that d * q is exact in float32 and float64."""
+    if dot == "fp32":
+        return X
+    x = np.asarray(X, np.float32).reshape(*X.shape[:-1], X.shape[-1] // QBLOCK, QBLOCK)
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
+        scale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(x * scale)                                  # float32, ties to even
+    return (q.astype(X.dtype) * d.astype(X.dtype)).reshape(X.shape)

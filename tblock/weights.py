@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from .config import BlockConfig
-from .formats import QuantizedMatrix, check_format, quantize_matrix
+from .formats import QuantizedMatrix, check_dot, check_format, quantize_matrix
 
 # (name, shape as a function of the config); the optional ones follow the flags
 MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
@@ -108,9 +108,10 @@ class BlockWeights:
     def __post_init__(self):
         arrays = {}
         stored = {n: getattr(self, n) for n in MATRICES if isinstance(getattr(self, n), QuantizedMatrix)}
-        if stored and (len(stored) < len(MATRICES) or len({m.format for m in stored.values()}) > 1):
-            kinds = ", ".join(f"{n}: {getattr(self, n).format if n in stored else 'float'}" for n in MATRICES)
-            raise ValueError(f"the six matrices must share one format, got {kinds}")
+        if stored and (len(stored) < len(MATRICES) or len({(m.format, m.dot) for m in stored.values()}) > 1):
+            kinds = ", ".join(f"{n}: " + (f"{getattr(self, n).format} (dot {getattr(self, n).dot})" if n in stored
+                                          else "float") for n in MATRICES)
+            raise ValueError(f"the six matrices must share one format and dot, got {kinds}")
         for name in MATRICES + FFN_BIASES + LN_AFFINES + ATTN_BIASES:
             value = getattr(self, name)
             if value is None:
@@ -153,6 +154,13 @@ class BlockWeights:
         """How the matrices are stored: "fp32", "fp64", or a stored format (tblock.formats)."""
         w = self.w_q
         return w.format if isinstance(w, QuantizedMatrix) else ("fp64" if w.dtype == np.float64 else "fp32")
+
+    @property
+    def dot(self) -> str:
+        """How products with the matrices are computed (tblock.formats): "fp32", or "int8"
+        (inputs rounded to int8 blocks first)."""
+        w = self.w_q
+        return w.dot if isinstance(w, QuantizedMatrix) else "fp32"
 
     @property
     def quantized(self) -> bool:
@@ -305,17 +313,20 @@ def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: fl
     return BlockWeights(**w)
 
 
-def quantize(weights: BlockWeights, format: str) -> BlockWeights:
+def quantize(weights: BlockWeights, format: str, dot: str = "fp32") -> BlockWeights:
     """The same block with its six matrices stored in ``format`` (tblock.formats: "bf16",
     "int8", "int4", or "fp32" for a float32 copy); biases and LayerNorm stay float32.
-    Every backend takes the result; each reads the stored bytes itself."""
+    ``dot``: how products with them are computed, "fp32" or, for int8 and int4, "int8"
+    (inputs rounded to int8 blocks, llama.cpp's arithmetic).  Every backend takes the
+    result; each reads the stored bytes itself."""
     if not isinstance(weights, BlockWeights):
         raise TypeError(f"weights must be a BlockWeights, got {type(weights).__name__}")
     check_format(format)
+    check_dot(dot, format)
     if weights.quantized:
         raise ValueError(f"weights are stored as {weights.format} already: quantize the float weights")
     a = {n: np.asarray(v, np.float32) for n, v in weights.arrays().items()}
     if format != "fp32":
         for n in MATRICES:
-            a[n] = quantize_matrix(a[n], format, name=n)
+            a[n] = quantize_matrix(a[n], format, name=n, dot=dot)
     return BlockWeights(**a)

@@ -465,6 +465,46 @@ static void test_ffn(void)
     free(b2);
 }
 
+/* TB_DOT_Q8: the FFN's input rounded to int8 blocks of 32 before W1. With W1 = I (d = 32),
+ * F_pre is the rounded row itself: amax 127 gives d = 1, so each input goes to its nearest
+ * integer, ties to even; a zero row stays zero. d_model 48 (not a multiple of 32) is refused. */
+static void test_ffn_q8_dot(void)
+{
+    enum { D = 32 };
+    double *X = alloc_doubles(2 * D), *F_pre = alloc_doubles(2 * D), *F_post = alloc_doubles(2 * D);
+    double *F_out = alloc_doubles(2 * D), *eye = alloc_doubles(D * D);
+    const double x[8] = {127.0, 63.5, 62.5, -0.5, 0.5, 1.5, -2.5, 3.49};
+    const double want[8] = {127.0, 64.0, 62.0, 0.0, 0.0, 2.0, -2.0, 3.0};
+    tb_config cfg = small_config(D, 1, D, 1);
+    tb_weights w;
+    memset(&w, 0, sizeof w);
+    fill(eye, D * D, 0.0);
+    for (int i = 0; i < D; i++)
+        eye[i * D + i] = 1.0;
+    w.w_ff1 = w.w_ff2 = eye;
+    w.w_ff1_len = w.w_ff2_len = D * D;
+    fill(X, 2 * D, 0.0);
+    memcpy(X, x, sizeof x);
+    cfg.activation = TB_ACT_RELU;
+    cfg.dot = TB_DOT_Q8;
+    CHECK_STATUS(tb_ffn(F_out, 2 * D, F_pre, 2 * D, F_post, 2 * D, X, 2 * D, 2, &cfg, &w), TB_OK);
+    int same = 1;
+    for (int i = 0; i < 2 * D; i++)
+        same &= F_pre[i] == (i < 8 ? want[i] : 0.0);
+    CHECK(same);
+    cfg.dot = 2;
+    CHECK_STATUS(tb_ffn(F_out, 2 * D, F_pre, 2 * D, F_post, 2 * D, X, 2 * D, 2, &cfg, &w), TB_ERR_DOT);
+    cfg = small_config(48, 1, D, 1);
+    cfg.dot = TB_DOT_Q8;
+    size_t len;
+    CHECK_STATUS(tb_scratch_len(&cfg, 2, &len), TB_ERR_DOT);
+    free(X);
+    free(F_pre);
+    free(F_post);
+    free(F_out);
+    free(eye);
+}
+
 /* ---- tb_block_forward ---- */
 
 #define N_WEIGHTS 16
@@ -1253,6 +1293,7 @@ int main(void)
     test_softmax();
     test_attention_head();
     test_ffn();
+    test_ffn_q8_dot();
     test_scratch_len();
     test_block_by_hand();
     for (int norm = 0; norm < 2; norm++)

@@ -28,6 +28,8 @@ A language model (tblock.models) reaches a backend's kernels only through the ho
 
 import numpy as np
 
+from ..formats import QuantizedMatrix, round_inputs
+
 # name -> module, imported on first use; the order is the order of available_backends()
 BACKEND_MODULES = {
     "numpy": "tblock.backends.numpy",      # the oracle: the lesson's equations in float64
@@ -54,8 +56,12 @@ def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndar
     mu = X.mean(axis=-1, keepdims=True)
     var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
     Xn = (X - mu) / np.sqrt(var + eps) * ln_f[:d] + ln_f[d:]
-    # head: E (vocab, d), or E^T stored (a QuantizedMatrix, dequantized exactly)
-    out[...] = Xn @ (head.dequantize(np.float64) if hasattr(head, "dequantize") else head.T.astype(np.float64))
+    # head: E (vocab, d), or E^T stored (a QuantizedMatrix, dequantized exactly, its dot's
+    # rounding of the rows first)
+    if isinstance(head, QuantizedMatrix):
+        out[...] = round_inputs(Xn, head.dot) @ head.dequantize(np.float64)
+    else:
+        out[...] = Xn @ head.T.astype(np.float64)
     return out
 
 

@@ -30,9 +30,10 @@ EXTENSION = "tblock._cref"
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
                 "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "b_q", "b_k", "b_v", "b_o")
 CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "eps",
-                 "has_ffn_bias", "has_ln_affine", "has_attn_bias")
+                 "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
 _ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
+_DOTS = {"fp32": "TB_DOT_EXACT", "int8": "TB_DOT_Q8"}
 _FORMATS = {"bf16": "TB_FMT_BF16", "int8": "TB_FMT_Q8_0", "int4": "TB_FMT_Q4_0"}   # tblock.formats -> tb_format
 MATRIX_NAMES = WEIGHT_NAMES[:6]
 
@@ -69,13 +70,14 @@ def _check(function: str, code: int) -> None:
                         ffi.string(lib.tb_status_message(code)).decode())
 
 
-def config_fields(cfg) -> dict:
-    """The tb_config fields of a tblock.BlockConfig, as a dict."""
+def config_fields(cfg, dot: str = "fp32") -> dict:
+    """The tb_config fields of a tblock.BlockConfig, as a dict; ``dot``: how products with
+    the weights are computed (tblock.formats), "fp32" or "int8"."""
     lib = _extension().lib
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
                 norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
                 eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine),
-                has_attn_bias=int(cfg.attn_bias))
+                has_attn_bias=int(cfg.attn_bias), dot=getattr(lib, _DOTS[dot]))
 
 
 class _Call:
@@ -337,7 +339,7 @@ def forward_batch(H: np.ndarray, weights, cfg, trace: bool):
     B, T, _ = H.shape
     H64 = np.ascontiguousarray(H, dtype=np.float64)
     w = weights.prepared(("c_ref", "float64"), _float64_weights)
-    fields = config_fields(cfg)
+    fields = config_fields(cfg, weights.dot)
     # NaN-filled, so a value C never wrote could not pass for a result
     scratch = np.full(scratch_len(fields, T), np.nan)
     out = np.full(H.shape, np.nan)
@@ -360,7 +362,7 @@ def forward_cached(H: np.ndarray, weights, cfg, cache):
     past = cache.length
     H64 = np.ascontiguousarray(H, dtype=np.float64)
     w = weights.prepared(("c_ref", "float64"), _float64_weights)
-    fields = config_fields(cfg)
+    fields = config_fields(cfg, weights.dot)
     # NaN-filled, so a value C never wrote could not pass for a result
     K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)     # (B, h, keys, d_k) float64
     V = np.full_like(K, np.nan)
@@ -382,7 +384,7 @@ def components(cfg, weights, dtype):
     cs = ComponentSet("c", cfg, dtype, np.dtype(np.float64))
     cs.missing["attention"] = ("the C reference exposes no projection (matmul) entry point, only "
                                "tb_attention_head (the core) and the whole block")
-    fields = config_fields(cfg)
+    fields = config_fields(cfg, weights.dot)
     w64 = weights.prepared(("c_ref", "float64"), _float64_weights)
     d, f = cfg.d_model, cfg.d_ff
     buffers = {}

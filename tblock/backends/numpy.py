@@ -11,6 +11,7 @@ import numpy as np
 from scipy.special import erf
 
 from ..config import BlockConfig
+from ..formats import round_inputs
 from ..weights import BlockWeights
 
 
@@ -90,9 +91,19 @@ def attention_core(Q, K, V, cfg):
     return head_mix(A, V, Q.dtype), A
 
 
+def times(X, w, name):
+    """X @ w[name], X's rows first rounded as the stored weights' dot says (tblock.formats)."""
+    return round_inputs(X, w.get("dot", "fp32")) @ w[name]
+
+
+def weight_arrays(weights: BlockWeights) -> dict:
+    """The weights as float64 arrays, stored matrices dequantized exactly, and their dot."""
+    return {**weights.float_arrays(np.float64), "dot": weights.dot}
+
+
 def projections(X, w, cfg):
     """Q, K, V of the rows of X, each (T, d_model), plus their biases with cfg.attn_bias."""
-    Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
+    Q, K, V = times(X, w, "w_q"), times(X, w, "w_k"), times(X, w, "w_v")
     if cfg.attn_bias:
         Q, K, V = Q + w["b_q"], K + w["b_k"], V + w["b_v"]
     return Q, K, V
@@ -100,7 +111,7 @@ def projections(X, w, cfg):
 
 def output_projection(out_concat, w, cfg):
     """A_out = out_concat W_O (+ b_O)."""
-    A_out = out_concat @ w["w_o"]
+    A_out = times(out_concat, w, "w_o")
     return A_out + w["b_o"] if cfg.attn_bias else A_out
 
 
@@ -135,11 +146,11 @@ def cached_attention(cache, b):
 
 def ffn(X, w, cfg, trace):
     """FFN(X) = act(X W1 + b1) W2 + b2, row by row."""
-    F_pre = X @ w["w_ff1"]                                  # (T, d_ff)
+    F_pre = times(X, w, "w_ff1")                            # (T, d_ff)
     if cfg.ffn_bias:
         F_pre = F_pre + w["b_ff1"]
     F_post = ACTIVATION[cfg.activation](F_pre)
-    F_out = F_post @ w["w_ff2"]                             # (T, d_model)
+    F_out = times(F_post, w, "w_ff2")                       # (T, d_model)
     if cfg.ffn_bias:
         F_out = F_out + w["b_ff2"]
     trace.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
@@ -173,7 +184,7 @@ CHECKS_FINITE = False
 def forward_batch(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, trace: bool):
     """Backend entry point: H is (B, T, d_model); returns float64 H_out and, if asked,
     the trace as a dict of arrays with a leading batch axis."""
-    w = weights.float_arrays(np.float64)      # stored matrices dequantized exactly
+    w = weight_arrays(weights)
     H = H.astype(np.float64)
     outs, traces = [], []
     for b in range(H.shape[0]):
@@ -190,7 +201,7 @@ def forward_cached(H: np.ndarray, weights: BlockWeights, cfg: BlockConfig, cache
     """The KV-cache entry point: H (B, T_new, d_model) holds the rows after the cache's
     first cache.length; returns their float64 H_out, having written their K and V into
     the cache (in its dtype) past cache.length (tblock.api then moves cache.length)."""
-    w = weights.float_arrays(np.float64)      # stored matrices dequantized exactly
+    w = weight_arrays(weights)
     H = H.astype(np.float64)
     return np.stack([block_forward_one(H[b], w, cfg, cached_attention(cache, b))[0]
                      for b in range(H.shape[0])])                     # (B, T_new, d_model)
@@ -203,7 +214,7 @@ def components(cfg, weights, dtype):
     cs = ComponentSet("numpy", cfg, dtype, np.dtype(np.float64))
     cs.notes.append("the numpy oracle computes in float64 whatever the input dtype, "
                     "and always fills the full T x T score square")
-    w = weights.float_arrays(np.float64)
+    w = weight_arrays(weights)
     ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
 
     def layernorm_(X):

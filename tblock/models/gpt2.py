@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..config import BlockConfig, check_bool, check_int
-from ..formats import check_format, quantize_matrix
+from ..formats import check_dot, check_format, quantize_matrix
 from ..weights import BlockWeights, check_finite, quantize
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
@@ -245,10 +245,10 @@ def _block_from_hf(t: dict, i: int, d: int) -> BlockWeights:
     )
 
 
-def _stored(w: BlockWeights, fmt: str, i: int, root) -> BlockWeights:
+def _stored(w: BlockWeights, fmt: str, dot: str, i: int, root) -> BlockWeights:
     """Block i's weights with its matrices in format ``fmt``; an error names the block."""
     try:
-        return quantize(w, fmt)
+        return quantize(w, fmt, dot)
     except ValueError as e:         # a d_in the 32-input blocks do not divide, a value too large
         raise ValueError(f"{root}: block {i} cannot be stored as {fmt}: {e}") from None
 
@@ -277,7 +277,8 @@ class GPT2(CausalLM):
                 f"head_weights={self.head_format})")
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32, *, weights: str = "fp32", head_weights: str | None = None) -> "GPT2":
+    def from_pretrained(cls, path, dtype=np.float32, *, weights: str = "fp32", head_weights: str | None = None,
+                        dot: str = "fp32") -> "GPT2":
         """Load a Hugging Face GPT-2 checkpoint directory: config.json plus model.safetensors,
         or shards listed in model.safetensors.index.json.  Tensors may be float32, float16
         or bfloat16; they are converted to ``dtype`` (float32, or float64), the compute dtype.
@@ -292,11 +293,18 @@ class GPT2(CausalLM):
         that int4 blocks get an int8 head: the head in 4 bits cost a trained model ten times
         the perplexity the blocks in 4 bits did (docs/formats.md), and llama.cpp keeps its
         output matrix above 4 bits too.  A stored wte is read in place by the head and by
-        the embedding's lookups.  wpe and LN_f stay in ``dtype``."""
+        the embedding's lookups.  wpe and LN_f stay in ``dtype``.
+
+        ``dot``: how products with the stored matrices (blocks and head) are computed,
+        tblock.formats' "fp32" (the default) or "int8" (inputs rounded to int8 blocks, as
+        llama.cpp computes; int8 and int4 matrices only)."""
         check_format(weights, "weights")
         if head_weights is None:
             head_weights = "int8" if weights == "int4" else weights
         check_format(head_weights, "head_weights")
+        if dot != "fp32":
+            check_dot(dot, weights)
+            check_dot(dot, head_weights, f"dot (with head_weights={head_weights!r})")
         dtype = check_dtype(dtype)
         for name, fmt in (("weights", weights), ("head_weights", head_weights)):
             if fmt != "fp32" and dtype != np.float32:
@@ -306,11 +314,11 @@ class GPT2(CausalLM):
         t = read_gpt2(ckpt, cfg, dtype)
         blocks = [_block_from_hf(t, i, cfg.n_embd) for i in range(cfg.n_layer)]
         if weights != "fp32":
-            blocks = [_stored(b, weights, i, ckpt.root) for i, b in enumerate(blocks)]
+            blocks = [_stored(b, weights, dot, i, ckpt.root) for i, b in enumerate(blocks)]
         wte = t["wte.weight"]
         if head_weights != "fp32":
             try:
-                wte = quantize_matrix(wte.T, head_weights, name="wte")     # wte^T: a row a token
+                wte = quantize_matrix(wte.T, head_weights, name="wte", dot=dot)     # wte^T: a row a token
             except ValueError as e:
                 raise ValueError(f"{ckpt.root}: wte cannot be stored as {head_weights}: {e}") from None
         return cls(cfg, wte, t["wpe.weight"], blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
