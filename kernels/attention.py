@@ -136,7 +136,7 @@ def _sub_tile(Kt, V, kv, att, work, vc2, s0, s1, k0, kn):
             nv = min(kn, qa + i + 1 - k0)
             # the P V product of this row's micro-tile reads keys up to klim
             klim = min(kn, qa + min(m, i // MR * MR + MR) - k0)
-        _softmax_row(work, i * BK, nv, klim, s0 + i, ldv, vc2, att.scale)
+        softmax_update(work, i * BK, nv, klim, s0 + i, ldv, vc2, att.scale)
     # O += P V over this key tile (each micro-tile only up to its last key), in chunks
     # of KV_CHUNK keys (tiles.py)
     for vp in range(ldv // NR):
@@ -177,7 +177,7 @@ def _one_query_tile(Kt, V, kv, att, work, vc2, k0, kn):
             a1 = vfma(qc, pload(Kt, pb + p2 * step + c * NR), a1)
         pstore(S, p * NR, a0)               # whole panels: S holds panels(kn) * NR scores
         pstore(S, p2 * NR, a1)
-    _softmax_row(work, 0, kn, kn, 0, ldv, vc2, att.scale)
+    softmax_update(work, 0, kn, kn, 0, ldv, vc2, att.scale)
     for vp in range(ldv // NR):
         o0 = o1 = psplat(O, 0.0)
         vb = v_off + k0 * ldv + vp * NR
@@ -190,7 +190,7 @@ def _one_query_tile(Kt, V, kv, att, work, vc2, k0, kn):
 
 
 @kernel(internal=True, inline="always")
-def _softmax_row(work, row, nv, klim, r, ldv, vc2, scale):
+def softmax_update(work, row, nv, klim, r, ldv, vc2, scale):
     """The online-softmax update of query r by one key tile's raw scores S[row : row + nv]
     (the keys it may see; work: the tile's FlashWork): its running max mrow[r] and sum
     lrow[r], its accumulated output O[r] (rows ldv apart) rescaled when the max moves, and

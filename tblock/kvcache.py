@@ -6,16 +6,35 @@ compute only the new rows: ``forward(H_new, weights, cfg, cache=cache)`` project
 rows, appends their K and V here, and attends over everything cached. It returns the same
 rows a forward over the whole sequence would.
 
+Formats (``format``, chosen when the cache is made; tblock.formats' names):
+
+    fp32   the keys and values as computed, in the cache's dtype (float32 or float64; the
+           default, and a float64 cache reports "fp64" as float64 weights do)
+    bf16   each value rounded to the nearest bfloat16 (ties to even): uint16, 2 bytes
+    int8   per (sequence, head, token), for K and for V, one float32 scale over that row's
+           d_k values: amax = max|x|; amax == 0 gives d = 0, q = 0; else d = amax / 127
+           and q = rint(x * (127 / amax)) in float32 (half to even); the value is d * q.
+           1 byte a value and 4 bytes a row.  (A row whose amax is below 127 / FLT_MAX,
+           about 3.7e-37, where 127 / amax overflows, is stored as zeros too.)
+
+A stored format (bf16, int8) computes in float32 only: its dtype must be float32.  Every
+key and value attention reads comes from the cache as stored, the new tokens' own
+included: a cached call writes the new rows (rounded) first, then attends over the cache
+(as llama.cpp does).  Without a cache nothing is rounded.
+
 Layout: the one the numba backend's attention reads (kernels.stages.attention_buffers),
 so a decode step streams each head's keys and values as they lie, through the GEMM's
 micro-kernel: per (sequence, head), K^T in panels of NR keys (panel p holds keys p*NR ..
 p*NR+NR-1 as a (d_k, NR) row-major block) and V as rows of d_k rounded up to NR columns
 (zero past d_k); NR is the micro-kernel's panel width for the dtype on this vector path.
+A stored format keeps the same K^T panels (NR of float32) in its own type, V in rows of
+d_k rounded up to 16, and for int8 the scales beside them: K_scales (batch, n_heads,
+panels * NR) and V_scales (batch, n_heads, max_T) float32, one per key (empty otherwise).
 ``keys()``/``values()`` give them as (batch, length, d_model) rows, and the reference
-backends read and write them through ``head_rows`` and ``store``. The memory is allocated
-once: 2 * max_T * d_model values per sequence (max_T rounded up to NR keys, d_k to NR
-columns), and nothing grows per token.  Beside them, ``work`` holds the numba kernels'
-scratch for a decode step, so that a step allocates no memory at all.
+backends read and write them through ``head_rows`` (the exact values) and ``store`` (which
+rounds).  The memory is allocated once, and nothing grows per token.  Beside them,
+``work`` holds the numba kernels' scratch for a decode step, so that a step allocates no
+memory at all.
 """
 
 from __future__ import annotations
@@ -25,7 +44,44 @@ import numbers
 import numpy as np
 
 from .config import BlockConfig
+from .formats import quantize_matrix
 from .weights import FLOAT_DTYPES
+
+KV_FORMATS = ("fp32", "bf16", "int8")      # what KVCache's format takes ("fp64" too, with float64)
+STORED_KV = ("bf16", "int8")
+_STORED_TYPE = {"bf16": np.uint16, "int8": np.int8}
+V_ROUND = 16                # a stored V row's length: d_k rounded up to this (any path's lanes divide it)
+
+
+def check_kv_format(fmt, dtype, name: str = "format") -> str:
+    """The cache format ``fmt`` for a cache of ``dtype`` ("fp32" of float64 is "fp64"), or
+    TypeError/ValueError naming ``name``."""
+    dtype = np.dtype(dtype)
+    if not isinstance(fmt, str):
+        raise TypeError(f"{name} must be a str, one of {KV_FORMATS}, got {type(fmt).__name__}")
+    if fmt not in KV_FORMATS + ("fp64",):
+        raise ValueError(f"{name} must be one of {KV_FORMATS}, got {fmt!r}")
+    if fmt == "fp64" and dtype != np.float64:
+        raise ValueError(f"{name}='fp64' is a float64 cache: dtype must be float64, got {dtype}")
+    if fmt in STORED_KV and dtype != np.float32:
+        raise ValueError(f"a {fmt} KV cache computes in float32: dtype must be float32, got {dtype} "
+                         f"(a float64 cache holds its keys and values unrounded: {name}='fp32')")
+    if fmt == "fp32" and dtype == np.float64:
+        return "fp64"
+    return fmt
+
+
+def kv_bytes_per_token(cfg: BlockConfig, fmt: str = "fp32", dtype=np.float32) -> int:
+    """The bytes one token's keys and values take in one block's cache, one sequence, in
+    format ``fmt`` (padding left out): 2 * d_model values, plus int8's 2 * n_heads scales."""
+    fmt = check_kv_format(fmt, dtype)
+    d = cfg.d_model
+    if fmt == "bf16":
+        return 2 * d * 2
+    if fmt == "int8":
+        return 2 * (d + 4 * cfg.n_heads)
+    return 2 * d * np.dtype(dtype).itemsize
+
 
 
 def _work_len(cfg: BlockConfig, batch: int, max_T: int, dtype) -> int:
@@ -53,7 +109,7 @@ def _panel_width(dtype) -> int:
 class KVCache:
     """Keys and values of the first ``length`` tokens of ``batch`` sequences of one block."""
 
-    def __init__(self, cfg: BlockConfig, max_T: int, batch: int = 1, dtype=np.float32):
+    def __init__(self, cfg: BlockConfig, max_T: int, batch: int = 1, dtype=np.float32, format: str = "fp32"):
         if not isinstance(cfg, BlockConfig):
             raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
         if not cfg.causal:
@@ -67,17 +123,27 @@ class KVCache:
         dtype = np.dtype(dtype)
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        fmt = check_kv_format(format, dtype)
         # fixed for the cache's life (read-only properties): compiled callers hold the
         # arrays' addresses (tblock.backends.numba.DecodeStep)
         self._cfg, self._max_T, self._batch, self._dtype = cfg, int(max_T), int(batch), dtype
+        self._format = fmt
+        stored = fmt in STORED_KV
         self.nr = NR = _panel_width(dtype)
         self.panels = -(-self.max_T // NR)          # K^T panels of NR keys per head
-        self.ldv = -(-cfg.d_k // NR) * NR           # V's row length: d_k rounded up to NR
+        # V's row length: d_k rounded up to NR (a stored format's: to V_ROUND)
+        self.ldv = -(-cfg.d_k // (V_ROUND if stored else NR)) * (V_ROUND if stored else NR)
+        kind = _STORED_TYPE[fmt] if stored else dtype
+        h = cfg.n_heads
         # zeros: the kernels read whole panels and rows, the parts past length and d_k too
-        self._K = np.zeros((self.batch, cfg.n_heads, self.panels * cfg.d_k * NR), dtype)
-        self._V = np.zeros((self.batch, cfg.n_heads, self.max_T, self.ldv), dtype)
+        self._K = np.zeros((self.batch, h, self.panels * cfg.d_k * NR), kind)
+        self._V = np.zeros((self.batch, h, self.max_T, self.ldv), kind)
+        scaled = fmt == "int8"
+        self._K_scales = np.zeros((self.batch, h, self.panels * NR) if scaled else (0,), np.float32)
+        self._V_scales = np.zeros((self.batch, h, self.max_T) if scaled else (0,), np.float32)
         self._length = 0                    # tokens cached so far (the same for every sequence)
         self._addresses = (self._K.ctypes.data, self._V.ctypes.data)
+        self._scale_addresses = (self._K_scales.ctypes.data, self._V_scales.ctypes.data)
         # the numba kernels' scratch for a decode step (a few dozen KiB): with it a step
         # allocates nothing.  Not part of the cache: its contents mean nothing between calls
         self._work = np.empty(_work_len(cfg, self.batch, self.max_T, dtype), dtype)
@@ -85,9 +151,15 @@ class KVCache:
     cfg = property(lambda self: self._cfg, doc="the BlockConfig of the block whose keys and values these are")
     max_T = property(lambda self: self._max_T, doc="the most tokens the cache holds")
     batch = property(lambda self: self._batch, doc="the number of sequences")
-    dtype = property(lambda self: self._dtype, doc="float32 or float64")
+    dtype = property(lambda self: self._dtype, doc="float32 or float64: the dtype attention computes in")
+    format = property(lambda self: self._format, doc='how the keys and values are stored: "fp32", "fp64", '
+                                                     '"bf16" or "int8" (module docstring)')
     K = property(lambda self: self._K, doc="the keys: K^T panels per (sequence, head), see the module's docstring")
-    V = property(lambda self: self._V, doc="the values: rows per (sequence, head), d_k rounded up to NR")
+    V = property(lambda self: self._V, doc="the values: rows per (sequence, head), d_k rounded up to NR (16 stored)")
+    K_scales = property(lambda self: self._K_scales, doc="int8: the keys' scales, (batch, n_heads, panels * NR) "
+                                                         "float32; empty (0,) otherwise")
+    V_scales = property(lambda self: self._V_scales, doc="int8: the values' scales, (batch, n_heads, max_T) "
+                                                         "float32; empty (0,) otherwise")
     work = property(lambda self: self._work, doc="the numba kernels' scratch for a decode step")
 
     @property
@@ -117,23 +189,36 @@ class KVCache:
 
     def __repr__(self):
         return (f"KVCache(d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, length={self.length}, "
-                f"max_T={self.max_T}, batch={self.batch}, dtype={self.dtype})")
+                f"max_T={self.max_T}, batch={self.batch}, dtype={self.dtype}, format={self.format!r})")
 
     @property
     def nbytes(self) -> int:
-        return self.K.nbytes + self.V.nbytes
+        """The bytes the keys and values take, as allocated (padding and int8's scales
+        included; the scratch ``work`` left out)."""
+        return self.K.nbytes + self.V.nbytes + self.K_scales.nbytes + self.V_scales.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """The bytes one more token adds to what a decode step reads from this cache: its
+        keys and values in this format, for every sequence (kv_bytes_per_token; padding
+        left out)."""
+        return self.batch * kv_bytes_per_token(self.cfg, self.format, self.dtype)
 
     def addresses(self) -> tuple[int, int]:
         """The data addresses of K and V, for a compiled call that reaches several caches
         through a table of addresses (the numba backend's stack)."""
         return self._addresses          # computed once: ctypes.data is slow
 
+    def scale_addresses(self) -> tuple[int, int]:
+        """The data addresses of K_scales and V_scales (int8's; empty arrays otherwise)."""
+        return self._scale_addresses
+
     def reset(self) -> None:
         """Forget every token. The memory is kept, and zeroed: the kernels read whole
         panels, the keys past length among them (masked), and nothing of an old sequence
         should reach a new one even so."""
-        self._K.fill(0)
-        self._V.fill(0)
+        for a in (self._K, self._V, self._K_scales, self._V_scales):
+            a.fill(0)
         self._length = 0
 
     def _kt(self, b: int) -> np.ndarray:
@@ -141,17 +226,42 @@ class KVCache:
         return self.K[b].reshape(self.cfg.n_heads, self.panels, self.cfg.d_k, self.nr)
 
     def head_rows(self, b: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of sequence b's keys and values of tokens 0..end-1, (n_heads, end, d_k) each."""
+        """Sequence b's keys and values of tokens 0..end-1, (n_heads, end, d_k) each: their
+        exact values, new arrays, in the cache's dtype (bf16's are float32s), float64 for
+        int8 (d * q need not be a float32)."""
         h, dk = self.cfg.n_heads, self.cfg.d_k
         K = self._kt(b).transpose(0, 1, 3, 2).reshape(h, self.panels * self.nr, dk)[:, :end]  # (h, keys, d_k)
-        return K.copy(), self.V[b, :, :end, :dk].copy()
+        V = self.V[b, :, :end, :dk]
+        if self.format == "bf16":
+            return _from_bf16(K), _from_bf16(V)
+        if self.format == "int8":
+            return (K * self.K_scales[b, :, :end, None].astype(np.float64),
+                    V * self.V_scales[b, :, :end, None].astype(np.float64))
+        return K.copy(), V.copy()
 
     def store(self, b: int, pos: int, K: np.ndarray, V: np.ndarray) -> None:
-        """Write sequence b's keys and values of tokens pos..pos+n-1, K and V (n_heads, n, d_k)."""
+        """Write sequence b's keys and values of tokens pos..pos+n-1, K and V (n_heads, n, d_k),
+        in this cache's format: rounded to the dtype, and a stored format's rounding after
+        it (the module docstring)."""
         t = np.arange(pos, pos + K.shape[1])
+        Kq, Ks = self._rounded(K, "K")
+        Vq, Vs = self._rounded(V, "V")
         # key t of head h lies at panel t // NR, column t % NR, one row per channel
-        self._kt(b)[:, t // self.nr, :, t % self.nr] = K.transpose(1, 0, 2)   # (n, h, d_k)
-        self.V[b, :, pos:pos + V.shape[1], :self.cfg.d_k] = V
+        self._kt(b)[:, t // self.nr, :, t % self.nr] = Kq.transpose(1, 0, 2)   # (n, h, d_k)
+        self.V[b, :, pos:pos + V.shape[1], :self.cfg.d_k] = Vq
+        if Ks is not None:
+            self.K_scales[b][:, t] = Ks                  # (h, n)
+            self.V_scales[b][:, t] = Vs
+
+    def _rounded(self, X: np.ndarray, name: str):
+        """(X as this cache stores it, its int8 scales or None) for X (n_heads, n, d_k)."""
+        if self.format not in STORED_KV:
+            return X.astype(self.dtype, copy=False), None
+        x = np.asarray(X, dtype=np.float32)             # the value the kernels round: a float32
+        if self.format == "bf16":
+            # tblock.formats' rounding of a (d_in, 1) matrix: every value one row
+            return quantize_matrix(x.reshape(-1, 1), "bf16", name=name).data.reshape(x.shape), None
+        return quantize_rows_int8(x)
 
     def keys(self) -> np.ndarray:
         """The cached keys as (batch, length, d_model): head h is columns h*d_k:(h+1)*d_k."""
@@ -182,6 +292,24 @@ def _rows(X: np.ndarray) -> np.ndarray:
     return X.transpose(1, 0, 2).reshape(T, h * dk)     # (h, T, d_k) -> (T, d_model)
 
 
-def make_caches(cfg: BlockConfig, n: int, max_T: int, batch: int = 1, dtype=np.float32) -> list[KVCache]:
-    """One KVCache per block of a stack of n blocks."""
-    return [KVCache(cfg, max_T, batch, dtype) for _ in range(n)]
+def _from_bf16(X: np.ndarray) -> np.ndarray:
+    return (X.astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8, d float32) of float32 rows x (..., d_k): one scale a row (module docstring)."""
+    amax = np.abs(x).max(axis=-1)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = (np.float32(127) / amax).astype(np.float32)
+    # amax == 0, or so small (< 127 / FLT_MAX) that 127 / amax overflows: the row is zeros
+    zero = ~np.isfinite(inv)
+    d = np.where(zero, np.float32(0), amax / np.float32(127)).astype(np.float32)
+    inv = np.where(zero, np.float32(0), inv).astype(np.float32)
+    q = np.rint(x * inv[..., None]).astype(np.int8)         # float32 product, half to even
+    return q, d
+
+
+def make_caches(cfg: BlockConfig, n: int, max_T: int, batch: int = 1, dtype=np.float32,
+                format: str = "fp32") -> list[KVCache]:
+    """One KVCache per block of a stack of n blocks, each in ``format``."""
+    return [KVCache(cfg, max_T, batch, dtype, format) for _ in range(n)]

@@ -1,0 +1,307 @@
+"""KV caches in a stored format (tblock.kvcache: bf16, int8): the rounding of the new keys
+and values as a cached call writes them, and attention over the stored bytes.
+
+The cache's arrays say its format, as kernels.widen's do for weights: K and V of float32
+(or float64) for fp32, uint16 for bf16, int8 for int8 with a float32 scale per key in
+``Cache.ks`` and ``Cache.vs``.  Numba compiles per argument type, so the block builds the
+format it is given, and the dispatchers here (cache_new_rows, cache_first, attend_cache)
+send a float cache to kernels.stages' tasks unchanged: an fp32 cache runs the code it ran
+before, bit for bit.
+
+A stored cache keeps the fp32 cache's K^T panels of NR keys (NR of float32) and V rows of
+d_k rounded up to 16, per (sequence, head).  A cached call with one writes the new rows
+first, rounded, then attends over the cache (stored_rows): every key and value it reads is
+the stored one, the new tokens' own included.  stored_rows takes its queries one at a
+time; a decode step has one a head, and a prefill through a stored cache pays for the
+simpler loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
+
+from .attention import LOG2E, softmax_update
+from .layout import ceil_div, kt_len, panels, take, take_f64, up16
+from .options import kernel
+from .records import KV, Att, FlashWork, Rows
+from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, pload, psplat, pstore,
+                   vadd, vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
+from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task
+from .tiles import BK, BQ
+from .widen import bf16_load, i8_load
+
+_PANEL_F32 = Vec(types.float32, PANEL_VECTORS * VECTOR_BYTES // 4)
+
+
+def is_stored(A) -> bool:
+    """Whether a cache array's numba type is a stored format's (uint16: bf16, int8: int8)."""
+    return isinstance(A, types.Array) and A.dtype in (types.uint16, types.int8)
+
+
+# ----------------------------------------------------------------------------- loads
+
+
+@intrinsic
+def pwiden(typingctx, A, i):
+    """The float32 panel vector (panel_lanes of float32) of A[i : i + NR]: bf16 bits
+    (uint16) shifted into a float32's top half, or int8 sign-extended and converted."""
+    if not is_stored(A) or not isinstance(i, types.Integer):
+        return None
+    n = _PANEL_F32.lanes
+    bits = 16 if A.dtype == types.uint16 else 8
+
+    def codegen(context, builder, sig, args):
+        p = builder.bitcast(elem_ptr(context, builder, sig.args[0], args[0], args[1]),
+                            ir.VectorType(ir.IntType(bits), n).as_pointer())
+        v = builder.load(p, align=bits // 8)
+        if bits == 8:
+            return builder.sitofp(v, ir.VectorType(ir.FloatType(), n))
+        i32 = ir.VectorType(ir.IntType(32), n)
+        wide = builder.shl(builder.zext(v, i32), ir.Constant(i32, [16] * n))
+        return builder.bitcast(wide, ir.VectorType(ir.FloatType(), n))
+    return _PANEL_F32(A, types.intp), codegen
+
+
+def vwiden(A, i):
+    """The float32 vector (lanes of float32) of the stored A[i : i + W] (kernels.widen)."""
+
+
+@overload(vwiden, inline="always")
+def _vwiden(A, i):
+    if isinstance(A, types.Array) and A.dtype == types.uint16:
+        return lambda A, i: bf16_load(A, i)
+    if isinstance(A, types.Array) and A.dtype == types.int8:
+        return lambda A, i: i8_load(A, i)
+    return None
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bits of the float32 x as a uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(x), codegen
+
+
+# ----------------------------------------------------------------------------- rounding
+# compiled without fast-math: the division, the product and rint must be IEEE's own, the
+# bits tblock.kvcache's numpy rounding gives
+
+
+@kernel(fastmath=False, internal=True)
+def round_bf16(src, off, n, dst, d_off, step):
+    """dst[d_off + c*step] = src[off + c] (float32) rounded to the nearest bf16, ties to
+    even, for c < n; returns 0 (no scale)."""
+    for c in range(n):
+        u = np.int64(f32_bits(src[off + c]))
+        dst[d_off + c * step] = np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+    return np.float32(0.0)
+
+
+@kernel(fastmath=False, internal=True)
+def round_int8(src, off, n, dst, d_off, step):
+    """The row src[off : off + n] (float32) as int8 q at dst[d_off + c*step] and its scale
+    d, returned: amax = max|x|; d = amax / 127, q = rint(x * (127 / amax)); d = q = 0 when
+    127 / amax is not finite (amax == 0, or below 127 / FLT_MAX)."""
+    amax = np.float32(0.0)
+    for c in range(n):
+        amax = max(amax, abs(src[off + c]))
+    inv = np.float32(127.0) / amax
+    if not math.isfinite(inv):
+        for c in range(n):
+            dst[d_off + c * step] = 0
+        return np.float32(0.0)
+    for c in range(n):
+        dst[d_off + c * step] = np.int8(np.rint(src[off + c] * inv))
+    return amax / np.float32(127.0)
+
+
+def round_into(src, off, n, dst, d_off, step):
+    """round_bf16 or round_int8, as dst's type says."""
+
+
+@overload(round_into, inline="always")
+def _round_into(src, off, n, dst, d_off, step):
+    if isinstance(dst, types.Array) and dst.dtype == types.uint16:
+        return lambda src, off, n, dst, d_off, step: round_bf16(src, off, n, dst, d_off, step)
+    if isinstance(dst, types.Array) and dst.dtype == types.int8:
+        return lambda src, off, n, dst, d_off, step: round_int8(src, off, n, dst, d_off, step)
+    return None
+
+
+# ----------------------------------------------------------------------------- the tasks
+
+
+@kernel(standalone=True, internal=True)
+def stored_rows_task(qkv, dims, t, cache):
+    """cache_rows_task for a stored cache: the keys and values of the T new rows of head
+    h = t % n_heads of sequence b = t // n_heads, from (B*T, 3d) rows [Q | K | V], rounded
+    into the cache at tokens past..past+T-1 (int8: their scales into cache.ks, cache.vs)."""
+    Kc, Vc, past, max_T, ks, vs = cache
+    T, d = dims.T, dims.d
+    NR = panel_lanes(ks)
+    dk = d // dims.n_heads
+    ld = 3 * d
+    ldv = up16(dk)
+    b = t // dims.n_heads
+    h = t % dims.n_heads
+    kt = t * kt_len(max_T, dk, NR)
+    for i in range(T):
+        src = (b * T + i) * ld + h * dk
+        p = past + i
+        s = round_into(qkv, src + d, dk, Kc, kt + (p // NR) * dk * NR + p % NR, NR)
+        if ks.size > 0:
+            ks[t * panels(max_T, NR) * NR + p] = s
+        s = round_into(qkv, src + 2 * d, dk, Vc, (t * max_T + p) * ldv, 1)
+        if vs.size > 0:
+            vs[t * max_T + p] = s
+
+
+@kernel(standalone=True, internal=True)
+def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
+    """attention_task for a stored cache (the same tasks, scratch and numbering): one
+    query tile of one head of one sequence, over the cache's keys 0..past+T-1."""
+    past, max_T, ks = cache.past, cache.max_T, cache.ks
+    T, d, n_heads = dims.T, dims.d, dims.n_heads
+    NR = panel_lanes(ks)
+    dk = d // n_heads
+    ldv = up16(dk)
+    nqt = ceil_div(T, BQ)
+    bh = t // nqt
+    qt = nqt - 1 - t % nqt
+    b = bh // n_heads
+    h = bh % n_heads
+    q0 = qt * BQ
+    q1 = min(T, q0 + BQ)
+    m = q1 - q0
+    keys = past + T
+    bk = min(BK, panels(keys, NR) * NR)
+    pos = w_pos + t * attention_work(min(T, BQ), keys, dk, NR, q.itemsize) if work.size > 0 else 0
+    Qt, pos = take(work, pos, m * dk)
+    S, pos = take(work, pos, bk)
+    O, pos = take(work, pos, m * panels(dk, NR) * NR)
+    mrow, pos = take_f64(work, pos, m)
+    lrow, pos = take_f64(work, pos, m)
+    stored_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), cache, KV(bh * kt_len(max_T, dk, NR), bh * max_T * ldv, ldv),
+                bh, Att(past + q0, past + q1, keys, dk, True, 1.0 / np.sqrt(dk), bk), FlashWork(Qt, S, O, mrow, lrow),
+                Rows((b * T + q0) * ldq + h * dk, ldq))
+
+
+@kernel(standalone=True, internal=True)
+def stored_rows(X, q, cache, kv, bh, att, work, o):
+    """The causal attention output of queries att.q0:att.q1 (tokens) of head bh over a
+    stored cache, written to X.flat[o.off + i*o.ld + c] (over the queries' own columns:
+    Q is copied out first).  Q[t, c] = X.flat[q.off + t*q.ld + c]; kv: where the head's
+    K^T panels and V rows (kv.ldv apart) start in cache.K, cache.V.  Query t sees keys
+    0..t, in tiles of att.bk: scores, softmax_update, O += P V, as flash_rows's one-query
+    tiles.  work: FlashWork, O's rows panels(dk, NR) * NR apart."""
+    Qt, S, O, mrow, lrow = work
+    K, V, ks, vs = cache.K, cache.V, cache.ks, cache.vs
+    W = lanes(S)
+    NR = panel_lanes(S)
+    dk, m = att.dk, att.q1 - att.q0
+    ldo = panels(dk, NR) * NR
+    step = dk * NR                          # elements of one K^T panel
+    s_off = bh * panels(cache.max_T, NR) * NR   # the head's key scales (int8)
+    v_off = bh * cache.max_T                    # and value scales
+    vc2 = vsplat(S, att.scale * LOG2E)
+    zero = vsplat(O, 0.0)
+    for i in range(m):
+        for c in range(0, dk, W):
+            vstore_n(Qt, i * dk + c, vload_n(X, q.off + (att.q0 + i) * q.ld + c, dk - c), dk - c)
+        mrow[i] = -math.inf
+        lrow[i] = 0.0
+        for c in range(0, ldo, W):
+            vstore(O, i * ldo + c, zero)
+    for i in range(m):
+        kv_end = att.q0 + i + 1
+        for k0 in range(0, kv_end, att.bk):
+            kn = min(att.bk, kv_end - k0)
+            npn = panels(kn, NR)
+            pb = kv.kt + k0 // NR * step
+            for p in range(0, npn, 2):
+                p2 = min(p + 1, npn - 1)        # an odd count: the last panel twice
+                a0 = a1 = psplat(S, 0.0)
+                for c in range(dk):
+                    qc = pbcast(Qt, i * dk + c)
+                    a0 = vfma(qc, pwiden(K, pb + p * step + c * NR), a0)
+                    a1 = vfma(qc, pwiden(K, pb + p2 * step + c * NR), a1)
+                if ks.size > 0:                 # int8: each key's score times its scale
+                    a0 = vmul(a0, pload(ks, s_off + k0 + p * NR))
+                    a1 = vmul(a1, pload(ks, s_off + k0 + p2 * NR))
+                pstore(S, p * NR, a0)
+                pstore(S, p2 * NR, a1)
+            softmax_update(work, 0, kn, kn, i, ldo, vc2, att.scale)
+            if vs.size > 0:                     # int8: P times each value row's scale
+                for j in range(0, kn, W):
+                    vstore_n(S, j, vmul(vload_n(S, j, kn - j), vload_n(vs, v_off + k0 + j, kn - j)), kn - j)
+            _pv(S, V, kv, k0, kn, dk, O, i * ldo)
+    for i in range(m):
+        vinv = vsplat(O, 1.0 / lrow[i])
+        for c in range(0, dk, W):
+            vstore_n(X, o.off + i * o.ld + c, vmul(vload(O, i * ldo + c), vinv), dk - c)
+
+
+@kernel(internal=True, inline="always")
+def _pv(S, V, kv, k0, kn, dk, O, ob):
+    """O[ob : ob + dk] += sum_j S[j] V[k0 + j] over the kn stored rows of keys k0.. (kv:
+    the head's rows, kv.ldv apart): two chains (even and odd keys), as flash_rows's
+    one-query tile.  A row's W-wide loads stay inside it (ldv: d_k rounded up to 16)."""
+    W = lanes(O)
+    ldv = kv.ldv
+    vb = kv.v + k0 * ldv
+    for c in range(0, dk, W):
+        o0 = o1 = vsplat(O, 0.0)
+        for j in range(0, kn - 1, 2):
+            o0 = vfma(vsplat(O, S[j]), vwiden(V, vb + j * ldv + c), o0)
+            o1 = vfma(vsplat(O, S[j + 1]), vwiden(V, vb + (j + 1) * ldv + c), o1)
+        if kn % 2:
+            o0 = vfma(vsplat(O, S[kn - 1]), vwiden(V, vb + (kn - 1) * ldv + c), o0)
+        vstore(O, ob + c, vadd(vload(O, ob + c), vadd(o0, o1)))
+
+
+# ----------------------------------------------------------------------------- dispatch
+# The block's stages call these with its Cache record; a float cache reaches stages' own
+# tasks, a stored one the tasks above.
+
+
+def cache_new_rows(qkv, dims, t, cache):
+    """The new rows' keys and values into the cache (stages.cache_rows_task's arguments)."""
+
+
+@overload(cache_new_rows, inline="always")
+def _cache_new_rows(qkv, dims, t, cache):
+    if is_stored(cache.types[0]):
+        return lambda qkv, dims, t, cache: stored_rows_task(qkv, dims, t, cache)
+    return lambda qkv, dims, t, cache: cache_rows_task(qkv, dims, t, cache)
+
+
+def cache_first(kt, vp, dims, t, cache):
+    """A first chunk's packed keys and values copied into a float cache
+    (stages.cache_packed_task); nothing for a stored one, which never takes that path."""
+
+
+@overload(cache_first, inline="always")
+def _cache_first(kt, vp, dims, t, cache):
+    if is_stored(cache.types[0]):
+        return lambda kt, vp, dims, t, cache: None
+    return lambda kt, vp, dims, t, cache: cache_packed_task(kt, vp, dims, t, cache)
+
+
+def attend_cache(q, ldq, dims, t, cache, work, w_pos):
+    """stages.attention_task over the cache's keys and values, whatever their format."""
+
+
+@overload(attend_cache, inline="always")
+def _attend_cache(q, ldq, dims, t, cache, work, w_pos):
+    if is_stored(cache.types[0]):
+        return lambda q, ldq, dims, t, cache, work, w_pos: stored_attention_task(q, ldq, dims, t, cache, work, w_pos)
+    return lambda q, ldq, dims, t, cache, work, w_pos: attention_task(q, ldq, dims, t, cache, work, w_pos)
