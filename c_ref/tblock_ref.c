@@ -50,6 +50,7 @@ static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
     [TB_ERR_DATA_SIZE]         = "TB_ERR_DATA_SIZE",
     [TB_ERR_NOT_FINITE]        = "TB_ERR_NOT_FINITE",
     [TB_ERR_DOT]               = "TB_ERR_DOT",
+    [TB_ERR_KV]                = "TB_ERR_KV",
 };
 
 static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
@@ -86,6 +87,7 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
                                  "or a bf16 weight is NaN or infinite",
     [TB_ERR_DOT]               = "dot is not TB_DOT_EXACT (0) or TB_DOT_Q8 (1), or is TB_DOT_Q8 with "
                                  "d_model or d_ff not a multiple of 32",
+    [TB_ERR_KV]                = "kv is not TB_KV_EXACT (0), TB_KV_BF16 (1) or TB_KV_Q8 (2)",
 };
 
 const char *tb_status_name(int status)
@@ -236,6 +238,8 @@ static tb_status check_config(const tb_config *cfg)
         return TB_ERR_DOT;
     if (cfg->dot == TB_DOT_Q8 && (cfg->d_model % QBLOCK != 0 || cfg->d_ff % QBLOCK != 0))
         return TB_ERR_DOT;
+    if (cfg->kv != TB_KV_EXACT && cfg->kv != TB_KV_BF16 && cfg->kv != TB_KV_Q8)
+        return TB_ERR_KV;
     return TB_OK;
 }
 
@@ -413,23 +417,38 @@ static void copy(double *out, const double *in, size_t n)
     memcpy(out, in, n * sizeof(double));
 }
 
-/* x_in[0 .. n-1] = the n inputs at x as a product computed as `dot` takes them (tb_dot):
- * as they are, or (TB_DOT_Q8, n = QBLOCK) rounded in float32 to d * q, q an integer. */
-static void input_block(double *x_in, const double *x, size_t n, int dot)
+/* v[0 .. n-1] rounded in place, as llama.cpp rounds activations for its 8-bit dot products
+ * but with a float32 scale: in float32, amax = max |v|, d = amax / 127, and each v goes to
+ * d * rint(v * (127 / amax)), ties to even (all zero where amax is 0). */
+static void round_q8(double *v, size_t n)
 {
-    if (dot == TB_DOT_EXACT) {
-        copy(x_in, x, n);
-        return;
-    }
-    float xf[QBLOCK], amax = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        xf[i] = (float)x[i];
-        amax = fmaxf(amax, fabsf(xf[i]));
-    }
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf((float)v[i]));
     const float d = amax > 0.0f ? amax / 127.0f : 0.0f;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (size_t i = 0; i < n; i++)
-        x_in[i] = (double)d * (double)rintf(xf[i] * inv);     /* rintf: ties to even */
+        v[i] = (double)d * (double)rintf((float)v[i] * inv);
+}
+
+/* x rounded to float32 and then to the nearest bfloat16, ties to even. */
+static double round_bf16(double x)
+{
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* x_in[0 .. n-1] = the n inputs at x as a product computed as `dot` takes them (tb_dot):
+ * as they are, or (TB_DOT_Q8, n = QBLOCK) rounded by round_q8. */
+static void input_block(double *x_in, const double *x, size_t n, int dot)
+{
+    copy(x_in, x, n);
+    if (dot == TB_DOT_Q8)
+        round_q8(x_in, n);
 }
 
 /* out (rows, cols) = X (rows, inner) @ W (inner, cols), X's rows taken as `dot` says
@@ -646,6 +665,26 @@ static void append_kv(const seq_cache *c, const seq_buffers *b, const tb_sizes *
     }
 }
 
+/* The T new rows of the cache (positions past .. past+T-1) rounded in place as the caller's
+ * cache holds them (cfg->kv, a tb_kv): bf16 each value, Q8 each head's row of d_k values. */
+static void round_new_kv(const seq_cache *c, const tb_sizes *s, int kv)
+{
+    for (size_t h = 0; h < s->h; h++) {
+        for (size_t t = 0; t < s->T; t++) {
+            double *k = c->K + (h * c->max_T + s->past + t) * s->dk, *v = c->V + (k - c->K);
+            if (kv == TB_KV_Q8) {
+                round_q8(k, s->dk);
+                round_q8(v, s->dk);
+            } else if (kv == TB_KV_BF16) {
+                for (size_t i = 0; i < s->dk; i++) {
+                    k[i] = round_bf16(k[i]);
+                    v[i] = round_bf16(v[i]);
+                }
+            }
+        }
+    }
+}
+
 /* What attention reads: the cache (past + T keys), or without one (c NULL, the full
  * forward) the T rows' own projections in b. */
 static kv_view keys_and_values(const seq_cache *c, const seq_buffers *b, const tb_sizes *s)
@@ -681,11 +720,15 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
         add_row_bias(b->K, w->b_k, s->T, s->d);
         add_row_bias(b->V, w->b_v, s->T, s->d);
     }
-    if (c != NULL)
-        append_kv(c, b, s);     /* first: the new rows attend to each other too */
+    if (c != NULL) {
+        append_kv(c, b, s);     /* first: the new rows attend to each other too, */
+        round_new_kv(c, s, cfg->kv);    /* as the caller's cache will hold them */
+    }
     kv = keys_and_values(c, b, s);
     for (size_t h = 0; h < s->h; h++)
         attention_head(b->out_concat, b->A + h * s->TK, b->S, b->Q, &kv, s->T, s->d, s->dk, h, cfg->causal);
+    if (c != NULL && cfg->kv != TB_KV_EXACT)
+        append_kv(c, b, s);     /* the exact rows back: the caller rounds them into its cache */
     matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d, cfg->dot);
     if (cfg->has_attn_bias)
         add_row_bias(b->A_out, w->b_o, s->T, s->d);

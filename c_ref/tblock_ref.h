@@ -70,6 +70,7 @@ typedef enum {
     TB_ERR_DATA_SIZE,         /* tb_dequantize: data_len is not exactly the stored size of the shape */
     TB_ERR_NOT_FINITE,        /* tb_dequantize: a stored scale or bf16 value is NaN or infinite */
     TB_ERR_DOT,               /* dot is not a tb_dot, or TB_DOT_Q8 with d_model or d_ff not a multiple of 32 */
+    TB_ERR_KV,                /* kv is not a tb_kv */
     TB_STATUS_COUNT           /* number of codes; not a code */
 } tb_status;
 
@@ -112,6 +113,18 @@ typedef enum {
     TB_DOT_Q8 = 1
 } tb_dot;
 
+/* How the caller's key/value cache holds what tb_block_forward_cached writes there
+ * (tb_config.kv), so that attention reads the new rows as later calls will read them:
+ *   EXACT: as computed.
+ *   BF16:  each value rounded to float32, then to the nearest bfloat16 (ties to even).
+ *   Q8:    each head's row of d_k values rounded as TB_DOT_Q8 rounds a block of 32.
+ * The cache buffers still receive the exact rows: the caller stores them in its format. */
+typedef enum {
+    TB_KV_EXACT = 0,
+    TB_KV_BF16 = 1,
+    TB_KV_Q8 = 2
+} tb_kv;
+
 /* The block's hyper-parameters. */
 typedef struct {
     int64_t d_model;          /* width of the residual stream, >= 1 */
@@ -125,6 +138,7 @@ typedef struct {
     int     has_ln_affine;    /* 1: ln1/ln2 gamma, beta are given; 0: they must be NULL */
     int     has_attn_bias;    /* 1: b_q, b_k, b_v, b_o are given; 0: they must be NULL */
     int     dot;              /* a tb_dot: how products with w_q .. w_ff2 are computed */
+    int     kv;               /* a tb_kv: how a KV cache call's caller stores keys and values */
 } tb_config;
 
 /* The block's parameters, each with its length in doubles. */

@@ -1067,6 +1067,34 @@ static void test_cached_matches_full(int norm, int activation, int bias, int aff
     fixture_free(&fx);
 }
 
+/* With kv = BF16 or Q8, a chunk attends to its own keys and values rounded (each output
+ * moves off the full forward's, a little), while the caches still receive the exact rows
+ * (the full forward's K and V): the caller rounds them into its own format. */
+static void test_cached_kv_rounding(int kv)
+{
+    const int64_t B = 2, T = 7;
+    tb_config cfg = small_config(6, 3, 10, 1);
+    fixture fx;
+    cfg.kv = kv;
+    fixture_init(&fx, cfg, B, T, 7);
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    caches c = caches_alloc(&fx, T, NAN);
+    const size_t n = (size_t)(B * T * cfg.d_model);
+    double *out = alloc_doubles(n);
+    CHECK_STATUS(run_chunk(&fx, &c, 0, T, out), TB_OK);
+    CHECK(cache_holds_trace(&fx, &c));
+    double worst = 0.0, largest = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs(out[i] - fx.out[i]));
+        largest = fmax(largest, fabs(fx.out[i]));
+    }
+    CHECK(all_finite(out, n));
+    CHECK(worst > 1e-9 * largest && worst < 0.05 * largest);
+    free(out);
+    caches_free(&c);
+    fixture_free(&fx);
+}
+
 static void test_scratch_len_cached(void)
 {
     tb_config cfg = small_config(6, 3, 10, 1);
@@ -1294,6 +1322,8 @@ int main(void)
     test_attention_head();
     test_ffn();
     test_ffn_q8_dot();
+    test_cached_kv_rounding(TB_KV_BF16);
+    test_cached_kv_rounding(TB_KV_Q8);
     test_scratch_len();
     test_block_by_hand();
     for (int norm = 0; norm < 2; norm++)

@@ -30,10 +30,11 @@ EXTENSION = "tblock._cref"
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
                 "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "b_q", "b_k", "b_v", "b_o")
 CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "eps",
-                 "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot")
+                 "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot", "kv")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
 _ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
 _DOTS = {"fp32": "TB_DOT_EXACT", "int8": "TB_DOT_Q8"}
+_KV = {"bf16": "TB_KV_BF16", "int8": "TB_KV_Q8"}      # a KV cache's format -> tb_kv (others: exact)
 _FORMATS = {"bf16": "TB_FMT_BF16", "int8": "TB_FMT_Q8_0", "int4": "TB_FMT_Q4_0"}   # tblock.formats -> tb_format
 MATRIX_NAMES = WEIGHT_NAMES[:6]
 
@@ -70,14 +71,16 @@ def _check(function: str, code: int) -> None:
                         ffi.string(lib.tb_status_message(code)).decode())
 
 
-def config_fields(cfg, dot: str = "fp32") -> dict:
+def config_fields(cfg, dot: str = "fp32", kv: str = "fp32") -> dict:
     """The tb_config fields of a tblock.BlockConfig, as a dict; ``dot``: how products with
-    the weights are computed (tblock.formats), "fp32" or "int8"."""
+    the weights are computed (tblock.formats), "fp32" or "int8"; ``kv``: the format of the
+    KV cache a cached call's keys and values go to."""
     lib = _extension().lib
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
                 norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
                 eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine),
-                has_attn_bias=int(cfg.attn_bias), dot=getattr(lib, _DOTS[dot]))
+                has_attn_bias=int(cfg.attn_bias), dot=getattr(lib, _DOTS[dot]),
+                kv=getattr(lib, _KV.get(kv, "TB_KV_EXACT")))
 
 
 class _Call:
@@ -357,12 +360,14 @@ def forward_cached(H: np.ndarray, weights, cfg, cache):
     a float64 copy of the rows it reads, past + T_new, the past ones from the cache's packed
     layout (KVCache.head_rows) and the new ones for it to fill, and the new rows are stored
     back in the cache's layout and dtype. So the new tokens attend to their own keys
-    unrounded, and to the earlier ones as the cache stores them."""
+    unrounded in a float cache, and to the earlier ones as the cache stores them; in a bf16
+    or int8 cache, C rounds the new rows itself (tb_config.kv) before attending to them, and
+    the cache rounds the exact rows C hands back when it stores them."""
     B, T_new, _ = H.shape
     past = cache.length
     H64 = np.ascontiguousarray(H, dtype=np.float64)
     w = weights.prepared(("c_ref", "float64"), _float64_weights)
-    fields = config_fields(cfg, weights.dot)
+    fields = config_fields(cfg, weights.dot, getattr(cache, "format", "fp32"))
     # NaN-filled, so a value C never wrote could not pass for a result
     K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)     # (B, h, keys, d_k) float64
     V = np.full_like(K, np.nan)
