@@ -85,7 +85,7 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
                                  "matrix in this format",
     [TB_ERR_NOT_FINITE]        = "a stored value is not finite: a block's float16 scale (Q8_0, Q4_0) "
                                  "or a bf16 weight is NaN or infinite",
-    [TB_ERR_DOT]               = "dot is not TB_DOT_EXACT (0) or TB_DOT_Q8 (1), or is TB_DOT_Q8 with "
+    [TB_ERR_DOT]               = "dot is not TB_DOT_EXACT (0), TB_DOT_Q8 (1) or TB_DOT_BF16 (2), or is TB_DOT_Q8 with "
                                  "d_model or d_ff not a multiple of 32",
     [TB_ERR_KV]                = "kv is not TB_KV_EXACT (0), TB_KV_BF16 (1) or TB_KV_Q8 (2)",
 };
@@ -234,7 +234,7 @@ static tb_status check_config(const tb_config *cfg)
         return TB_ERR_FLAG;
     if (!eps_ok(cfg->eps))
         return TB_ERR_EPS;
-    if (cfg->dot != TB_DOT_EXACT && cfg->dot != TB_DOT_Q8)
+    if (cfg->dot != TB_DOT_EXACT && cfg->dot != TB_DOT_Q8 && cfg->dot != TB_DOT_BF16)
         return TB_ERR_DOT;
     if (cfg->dot == TB_DOT_Q8 && (cfg->d_model % QBLOCK != 0 || cfg->d_ff % QBLOCK != 0))
         return TB_ERR_DOT;
@@ -443,12 +443,15 @@ static double round_bf16(double x)
 }
 
 /* x_in[0 .. n-1] = the n inputs at x as a product computed as `dot` takes them (tb_dot):
- * as they are, or (TB_DOT_Q8, n = QBLOCK) rounded by round_q8. */
+ * as they are, rounded by round_q8 (TB_DOT_Q8, n = QBLOCK), or each by round_bf16. */
 static void input_block(double *x_in, const double *x, size_t n, int dot)
 {
     copy(x_in, x, n);
     if (dot == TB_DOT_Q8)
         round_q8(x_in, n);
+    else if (dot == TB_DOT_BF16)
+        for (size_t i = 0; i < n; i++)
+            x_in[i] = round_bf16(x_in[i]);
 }
 
 /* out (rows, cols) = X (rows, inner) @ W (inner, cols), X's rows taken as `dot` says

@@ -24,6 +24,8 @@ A stored matrix also says how a product x @ W with it is computed, its ``dot``:
            as llama.cpp does, so that a kernel can sum integer products (VNNI's vpdpbusd):
            per block, amax = max |x_i|; d = amax / 127 and q_i = rint(x_i * (127 / amax)),
            in float32, rounding half to even; x_i becomes d * q_i (0 where amax is 0)
+    bf16   (bf16 matrices) each x_i rounded to float32, then to the nearest bfloat16 (ties to
+           even), so that a kernel can multiply bf16 pairs (AVX512_BF16's vdpbf16ps)
 
 ``round_inputs`` is that rounding, the oracle's own; the kernels and the C reference have
 theirs.
@@ -39,7 +41,7 @@ QBLOCK = 32                                  # inputs per block of the blocked f
 BLOCK_BYTES = {"int8": 2 + QBLOCK, "int4": 2 + QBLOCK // 2}
 FORMATS = ("fp32", "bf16", "int8", "int4")   # what quantize takes; float64 weights are "fp64"
 STORED = ("bf16", "int8", "int4")            # the formats a QuantizedMatrix holds
-DOTS = {"bf16": ("fp32",), "int8": ("fp32", "int8"), "int4": ("fp32", "int8")}   # by format
+DOTS = {"bf16": ("fp32", "bf16"), "int8": ("fp32", "int8"), "int4": ("fp32", "int8")}   # by format
 
 
 def check_format(fmt, name: str = "format") -> str:
@@ -205,10 +207,14 @@ def dequantize(fmt: str, data: np.ndarray, shape: tuple) -> np.ndarray:
 
 def round_inputs(X: np.ndarray, dot: str) -> np.ndarray:
     """The rows of X (..., d_in) as a product computed as ``dot`` takes them, in X's dtype:
-    X itself for "fp32"; for "int8", each row rounded to float32 and then to int8 in blocks
-    of 32 (module docstring), so that d * q is exact in float32 and float64."""
+    X itself for "fp32"; for "bf16", each value rounded to float32 and then to bf16; for
+    "int8", each row rounded to float32 and then to int8 in blocks of 32 (module docstring),
+    so that d * q is exact in float32 and float64."""
     if dot == "fp32":
         return X
+    if dot == "bf16":
+        u = np.asarray(X, np.float32).view(np.uint32)
+        return ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) & np.uint32(0xFFFF0000)).view(np.float32).astype(X.dtype)
     x = np.asarray(X, np.float32).reshape(*X.shape[:-1], X.shape[-1] // QBLOCK, QBLOCK)
     amax = np.abs(x).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):

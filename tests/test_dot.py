@@ -19,6 +19,7 @@ from tblock.backends import numpy as oracle
 from tblock.formats import QuantizedMatrix, quantize_matrix, round_inputs
 
 from conftest import random_weights, rel_err
+from test_formats import bf16_nearest
 
 TOL = 1e-12
 
@@ -63,6 +64,22 @@ def test_oracle_rounding_equals_the_rule(seed, rows, blocks, scale):
     assert np.array_equal(round_inputs(x, "int8"), rounded_by_hand(x))
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
+def test_bf16_rounding_of_inputs(seed, scale):
+    x = np.random.default_rng(seed).standard_normal((3, 40)) * scale
+    want = (bf16_nearest(x.astype(np.float32)).astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(round_inputs(x, "bf16"), want.astype(np.float64))
+    d = 40
+    cfg = tblock.BlockConfig(d, 1, d_ff=d, activation="relu")
+    eye, zero = np.eye(d), np.zeros((d, d))
+    w = tblock.quantize(tblock.BlockWeights(w_q=zero, w_k=zero, w_v=zero, w_o=zero, w_ff1=eye, w_ff2=eye),
+                        "bf16", dot="bf16")                          # I and 0 are exact in bf16
+    F = [np.full((3, d), np.nan) for _ in range(3)]
+    cb.ffn_raw(F[0], F[1], F[2], x, 3, cb.config_fields(cfg, "bf16"), cb._float64_weights(w))
+    assert np.array_equal(F[1], want)
+
+
 def identity_ffn(d):
     """A block whose FFN's F_pre is its input rows: W1 = I, so F_pre = round(X) @ I = round(X)."""
     cfg = tblock.BlockConfig(d, 1, d_ff=d, activation="relu")
@@ -92,7 +109,7 @@ def test_c_and_oracle_round_each_input_as_the_rule_says(seed, T, blocks):
 
 @st.composite
 def block_cases(draw):
-    return dict(fmt=draw(st.sampled_from(["int8", "int4"])), B=draw(st.integers(1, 2)),
+    return dict(fmt=draw(st.sampled_from(["int8", "int4", "bf16"])), B=draw(st.integers(1, 2)),
                 T=draw(st.sampled_from([1, 2, 7, 33])), d_model=32 * draw(st.integers(1, 3)),
                 n_heads=draw(st.sampled_from([1, 2, 4])), d_ff=32 * draw(st.integers(1, 4)),
                 norm=draw(st.sampled_from(["pre", "post"])), causal=draw(st.booleans()),
@@ -104,7 +121,8 @@ def make_block(case):
     cfg = tblock.BlockConfig(case["d_model"], case["n_heads"], d_ff=case["d_ff"], causal=case["causal"],
                              norm=case["norm"], ffn_bias=b, ln_affine=b, attn_bias=b)
     rng = np.random.default_rng(case["seed"])
-    return cfg, tblock.quantize(random_weights(cfg, rng), case["fmt"], dot="int8"), rng
+    dot = "bf16" if case["fmt"] == "bf16" else "int8"
+    return cfg, tblock.quantize(random_weights(cfg, rng), case["fmt"], dot=dot), rng
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -113,7 +131,9 @@ def make_block(case):
                    biases=True, seed=1))
 @example(case=dict(fmt="int8", B=1, T=1, d_model=32, n_heads=1, d_ff=32, norm="pre", causal=True,
                    biases=False, seed=2))
-def test_c_block_with_int8_dot_matches_oracle(case):
+@example(case=dict(fmt="bf16", B=1, T=7, d_model=64, n_heads=2, d_ff=32, norm="pre", causal=True,
+                   biases=True, seed=3))
+def test_c_block_with_rounding_dots_matches_oracle(case):
     cfg, w, rng = make_block(case)
     H = rng.standard_normal((case["B"], case["T"], cfg.d_model))
     got, got_tr = tblock.forward(H, w, cfg, backend="c", trace=True)
@@ -166,6 +186,7 @@ def test_dot_survives_pickling_and_shows_on_the_weights():
 
 @pytest.mark.parametrize("call, error, words", [
     (lambda w: tblock.quantize(w, "bf16", dot="int8"), ValueError, "for bf16 weights"),
+    (lambda w: tblock.quantize(w, "int8", dot="bf16"), ValueError, "for int8 weights"),
     (lambda w: tblock.quantize(w, "fp32", dot="int8"), ValueError, "for fp32 weights"),
     (lambda w: tblock.quantize(w, "int8", dot="int4"), ValueError, "dot must be one of"),
     (lambda w: tblock.quantize(w, "int8", dot=None), TypeError, "dot must be a str"),

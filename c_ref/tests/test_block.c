@@ -492,7 +492,7 @@ static void test_ffn_q8_dot(void)
     for (int i = 0; i < 2 * D; i++)
         same &= F_pre[i] == (i < 8 ? want[i] : 0.0);
     CHECK(same);
-    cfg.dot = 2;
+    cfg.dot = 3;
     CHECK_STATUS(tb_ffn(F_out, 2 * D, F_pre, 2 * D, F_post, 2 * D, X, 2 * D, 2, &cfg, &w), TB_ERR_DOT);
     cfg = small_config(48, 1, D, 1);
     cfg.dot = TB_DOT_Q8;

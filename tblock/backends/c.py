@@ -33,7 +33,7 @@ CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "
                  "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot", "kv")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
 _ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
-_DOTS = {"fp32": "TB_DOT_EXACT", "int8": "TB_DOT_Q8"}
+_DOTS = {"fp32": "TB_DOT_EXACT", "int8": "TB_DOT_Q8", "bf16": "TB_DOT_BF16"}
 _KV = {"bf16": "TB_KV_BF16", "int8": "TB_KV_Q8"}      # a KV cache's format -> tb_kv (others: exact)
 _FORMATS = {"bf16": "TB_FMT_BF16", "int8": "TB_FMT_Q8_0", "int4": "TB_FMT_Q4_0"}   # tblock.formats -> tb_format
 MATRIX_NAMES = WEIGHT_NAMES[:6]
@@ -73,7 +73,7 @@ def _check(function: str, code: int) -> None:
 
 def config_fields(cfg, dot: str = "fp32", kv: str = "fp32") -> dict:
     """The tb_config fields of a tblock.BlockConfig, as a dict; ``dot``: how products with
-    the weights are computed (tblock.formats), "fp32" or "int8"; ``kv``: the format of the
+    the weights are computed (tblock.formats), "fp32", "int8" or "bf16"; ``kv``: the format of the
     KV cache a cached call's keys and values go to."""
     lib = _extension().lib
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),

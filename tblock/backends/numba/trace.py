@@ -1,13 +1,15 @@
 """The trace path: every intermediate of a block materialised, in H's dtype.
 
-The matmuls are NumPy's; LayerNorm, the masked softmax and bias + activation are the
-kernels' own, so a trace shows what the fused block computes piece by piece.
+The matmuls are NumPy's (on rows rounded as the weights' dot says, tblock.formats);
+LayerNorm, the masked softmax and bias + activation are the kernels' own, so a trace shows
+what the fused block computes piece by piece.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...formats import round_inputs
 from ...kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ...kernels.layernorm import layernorm_rows
 from ...kernels.records import Rows
@@ -48,26 +50,29 @@ def forward_trace(H, weights, cfg):
     scale = 1.0 / np.sqrt(cfg.d_k)
     tr = {}
 
+    def times(X, name):
+        return round_inputs(X, weights.dot) @ w[name]
+
     def probs(S):
         A = np.empty_like(S)
         masked_softmax_rows(np.ascontiguousarray(S), scale, cfg.causal, A)
         return A
 
     def attention(X):
-        Q, K, V = X @ w["w_q"] + w["b_q"], X @ w["w_k"] + w["b_k"], X @ w["w_v"] + w["b_v"]
+        Q, K, V = times(X, "w_q") + w["b_q"], times(X, "w_k") + w["b_k"], times(X, "w_v") + w["b_v"]
         A = np.stack([head_probs(Q[b], K[b], nh, probs, dt) for b in range(B)])
         oc = np.stack([head_mix(A[b], V[b], dt) for b in range(B)])
-        A_out = oc @ w["w_o"] + w["b_o"]
+        A_out = times(oc, "w_o") + w["b_o"]
         tr.update(Q=Q, K=K, V=V, A=A, out_concat=oc, A_out=A_out)
         return A_out
 
     def ffn(X):
-        F_pre = X @ w["w_ff1"] + w["b_ff1"]
+        F_pre = times(X, "w_ff1") + w["b_ff1"]
         F_post = F_pre.copy()
         dff = F_post.shape[-1]
         bias_act_rows(F_post.reshape(-1), 0, dff, F_post.size // dff, dff, w["zeros_ff"], 0,
                       ACTIVATION_CODES[cfg.activation])
-        F_out = F_post @ w["w_ff2"] + w["b_ff2"]
+        F_out = times(F_post, "w_ff2") + w["b_ff2"]
         tr.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
         return F_out
 
