@@ -13,8 +13,9 @@ transformers' random initialisation (torch seed --seed), saved with save_pretrai
 converter:
 
   tblock        GPT2.from_pretrained(path, weights=fp32|bf16|int8|int4): the tied embedding/head
-                in from_pretrained's default format for it (or --head-weights); each row says
-                what the model holds
+                in from_pretrained's default format for it (or --head-weights); with --dots the
+                stored formats once more with dot= bf16 / int8 (inputs rounded, llama.cpp's
+                arithmetic); KV caches in --kv's format; each row says what the model holds
   transformers  GPT2LMHeadModel.from_pretrained, fp32, torch at --threads
   llama.cpp     built from the llama-cpp-python source package (pip download --no-binary,
                 its vendored llama.cpp; cmake Release, CPU only, -march=native); its
@@ -44,7 +45,8 @@ Measured, one run, medians:
             stored plus the tied embedding the head reads; a GGUF file's tensors but the
             position embedding; CTranslate2's model.bin and OpenVINO's .bin as files.
   ratios    tblock / engine at the matching format (bf16 vs BF16, int8 vs Q8_0, int4 vs Q4_0
-            and Q4_K_M, fp32 vs F32, ...) and tblock fp32 / engine: below 1, tblock is faster.
+            and Q4_K_M, fp32 vs F32, ...; tblock's faster dot where --dots gave two) and
+            tblock fp32 / engine: below 1, tblock is faster.
 
 Everything built or downloaded lives in --cache (default $TBLOCK_ENGINES_CACHE or
 ~/.cache/tblock-engines), never in the repository: a second run reuses it.  An engine that
@@ -175,31 +177,33 @@ def checkpoint(cache: Path, shape: dict, seed: int) -> Path:
 # ---------------------------------------------------------------------------------------
 # tblock and transformers, in this process
 
-def load_tblock(path: Path, fmt: str, head: str | None = None):
+def load_tblock(path: Path, fmt: str, head: str | None = None, dot: str = "fp32"):
     """tblock's GPT2 with its blocks in ``fmt`` (and its tied embedding in ``head``, where
-    given; else GPT2's default for ``fmt``): from_pretrained(weights=...), or where that
-    keyword is not there, each block quantized with tblock.quantize."""
+    given; else GPT2's default for ``fmt``), products computed as ``dot`` says."""
     import tblock
     kw = {} if head is None else {"head_weights": head}
-    try:
-        how = "GPT2.from_pretrained(path, weights=fmt" + (f", head_weights={head!r})" if head else ")")
-        return tblock.GPT2.from_pretrained(path, weights=fmt, **kw), how
-    except TypeError as e:
-        if "weights" not in str(e) or head is not None:
-            raise
-    m = tblock.GPT2.from_pretrained(path)
-    if fmt == "fp32":
-        return m, "GPT2.from_pretrained(path)"
-    d = m.config.n_embd
-    blocks = [tblock.quantize(b, fmt) for b in m.blocks]
-    return tblock.GPT2(m.config, m.wte, m.wpe, blocks, m.ln_f[:d], m.ln_f[d:]), "tblock.quantize per block"
+    if dot != "fp32":
+        kw["dot"] = dot
+    how = "GPT2.from_pretrained(path, weights=fmt" + "".join(f", {k}={v!r}" for k, v in kw.items()) + ")"
+    return tblock.GPT2.from_pretrained(path, weights=fmt, **kw), how
+
+
+ROUNDING_DOT = {"bf16": "bf16", "int8": "int8", "int4": "int8"}     # a stored format's faster dot
+
+
+def tblock_variants(args) -> list:
+    """(format, dot) of each tblock row: every format with dot fp32, and with --dots the
+    stored ones again with the dot that rounds their inputs."""
+    rows = [(f, "fp32") for f in args.formats]
+    if args.dots:
+        rows += [(f, ROUNDING_DOT[f]) for f in args.formats if f in ROUNDING_DOT]
+    return rows
 
 
 def tblock_bytes(m) -> int:
-    """What one decode step reads: the blocks as stored and the tied embedding (the head)."""
-    if hasattr(m, "bytes_per_token"):
-        return int(m.bytes_per_token(0))
-    return sum(b.nbytes for b in m.blocks) + m.wte.nbytes
+    """The weights one decode step reads: the blocks as stored and the tied embedding (the
+    head); the issue's floor is these bytes over the read bandwidth."""
+    return int(m.bytes_per_token(0))
 
 
 def stored_as(a) -> str:
@@ -209,14 +213,15 @@ def stored_as(a) -> str:
 
 def tblock_rows(ctx) -> list:
     rows = []
-    for fmt in ctx.args.formats:
+    kv = ctx.args.kv
+    for fmt, dot in tblock_variants(ctx.args):
         t0 = time.perf_counter()
         # the fp32 row stays all float32: the reference the other rows' logits are set against
-        m, how = load_tblock(ctx.ckpt, fmt, ctx.args.head_weights if fmt != "fp32" else None)
+        m, how = load_tblock(ctx.ckpt, fmt, ctx.args.head_weights if fmt != "fp32" else None, dot)
         load_s = time.perf_counter() - t0
         V = m.config.vocab_size
         buf = np.empty((1, V), np.float32)
-        cache = m.make_cache(ctx.args.context + ctx.args.gen)
+        cache = m.make_cache(ctx.args.context + ctx.args.gen, format=kv)
         first = m.next_logits(ctx.prompt, cache, out=buf)
         logits = buf[0].copy()
         start = int(first.argmax())
@@ -232,7 +237,7 @@ def tblock_rows(ctx) -> list:
                 tok[0] = buf[0].argmax()
             return (time.perf_counter() - t) / ctx.args.gen
 
-        long_cache = m.make_cache(len(ctx.long))
+        long_cache = m.make_cache(len(ctx.long), format=kv)
 
         def prefill():
             for c in long_cache:
@@ -242,13 +247,16 @@ def tblock_rows(ctx) -> list:
             return time.perf_counter() - t
 
         d, p = timed(decode, prefill, ctx.args.reps)
-        holds = (f"blocks {m.blocks[0].format}, tied embedding/head {stored_as(m.wte)}, wpe {stored_as(m.wpe)}")
+        holds = (f"blocks {m.blocks[0].format} (dot {dot}), tied embedding/head {stored_as(m.wte)}, "
+                 f"wpe {stored_as(m.wpe)}, KV cache {kv}")
         info = {"loaded_with": how, "holds": holds, "load_s": load_s, "first_token": start}
         if fmt == "fp32":
             ctx.tblock_fp32_logits, ctx.first_token = logits, start
         elif ctx.tblock_fp32_logits is not None:
             info["prompt_logits_rel_err_vs_fp32"] = rel_err(logits, ctx.tblock_fp32_logits)
-        rows.append(row("tblock", fmt, fmt, d, p, tblock_bytes(m), "blocks as stored + tied head", info))
+        label = fmt if dot == "fp32" else f"{fmt} dot {dot}"
+        info["kv_cache_bytes"] = int(m.bytes_per_token(ctx.args.context, kv)) - tblock_bytes(m)
+        rows.append(row("tblock", label, fmt, d, p, tblock_bytes(m), "blocks as stored + tied head", info))
         if fmt == "fp32":
             ctx.fp32_row = rows[-1]
         print(f"tblock {fmt}: {holds}; loaded with {how}", flush=True)
@@ -563,32 +571,34 @@ MEASURE = {"tblock": tblock_rows, "transformers": transformers_rows, "llama.cpp"
 # the tables
 
 def print_tables(rows: list, floor_bw: float, args) -> None:
-    ours = {r["weights"]: r for r in rows if r["engine"] == "tblock"}
+    ours = [r for r in rows if r["engine"] == "tblock"]
 
     def ratios(r, key):
-        same, fp32 = ours.get(r["matches"]), ours.get("fp32")
-        a = f"{same[key] / r[key]:.2f} ({r['matches']})" if same else "-"
+        # tblock's fastest row at the matching format (either dot), and its fp32 row
+        same = min((t for t in ours if t["matches"] == r["matches"]), key=lambda t: t[key], default=None)
+        fp32 = next((t for t in ours if t["weights"] == "fp32"), None)
+        a = f"{same[key] / r[key]:.2f} ({same['weights']})" if same else "-"
         b = f"{fp32[key] / r[key]:.2f}" if fp32 else "-"
         return a, b
 
     print(f"\ndecode: ms per new token after a {args.context}-token prompt, {args.gen} greedy steps timed together, "
           f"median of {args.reps} runs; floor = weight bytes / {floor_bw / 1e9:.1f} GB/s read")
     print(f"{'engine':<13} {'weights':<42} {'ms/token':>8} {'weight MB':>9} {'floor ms':>8} {'x floor':>7} "
-          f"{'tblock same / this':>18} {'tblock fp32 / this':>18}")
+          f"{'tblock same / this':>24} {'tblock fp32 / this':>18}")
     for r in rows:
         ms, floor = r["decode_median_s"] * 1e3, r["bytes"] / floor_bw * 1e3
         a, b = ratios(r, "decode_median_s")
         print(f"{r['engine']:<13} {r['weights']:<42} {ms:>8.2f} {r['bytes'] / 1e6:>9.1f} {floor:>8.2f} "
-              f"{ms / floor:>7.2f} {a:>18} {b:>18}")
+              f"{ms / floor:>7.2f} {a:>24} {b:>18}")
     print(f"\nprefill: ms for {args.prefill} tokens into an empty cache, the last row's logits, "
           f"median of {args.reps} runs")
-    print(f"{'engine':<13} {'weights':<42} {'ms':>9} {'tokens/s':>9} {'tblock same / this':>18} "
+    print(f"{'engine':<13} {'weights':<42} {'ms':>9} {'tokens/s':>9} {'tblock same / this':>24} "
           f"{'tblock fp32 / this':>18}")
     for r in rows:
         ms = r["prefill_median_s"] * 1e3
         a, b = ratios(r, "prefill_median_s")
         print(f"{r['engine']:<13} {r['weights']:<42} {ms:>9.1f} {args.prefill / r['prefill_median_s']:>9.0f} "
-              f"{a:>18} {b:>18}")
+              f"{a:>24} {b:>18}")
 
 
 def holds(r: dict) -> str:
@@ -638,6 +648,11 @@ def parse_args(argv):
     ap.add_argument("--head-weights", choices=TBLOCK_FORMATS, default=None,
                     help="tblock's tied embedding/head format in the bf16, int8 and int4 rows (default: "
                          "GPT2.from_pretrained's for each format; the fp32 row stays float32)")
+    ap.add_argument("--dots", action="store_true",
+                    help="time the stored formats once more with the dot that rounds their inputs (bf16 for "
+                         "bf16, int8 for int8 and int4: llama.cpp's arithmetic)")
+    ap.add_argument("--kv", choices=("fp32", "bf16", "int8"), default="fp32",
+                    help="the KV cache format of tblock's rows (default fp32)")
     ap.add_argument("--context", type=positive_int, default=128, help="the prompt before the timed decode steps")
     ap.add_argument("--gen", type=positive_int, default=32, help="decode steps timed together (default 32)")
     ap.add_argument("--prefill", type=positive_int, default=512, help="prefill length (default 512)")
