@@ -328,9 +328,11 @@ def onnxruntime_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = N
 # ---------------------------------------------------------------------------------------
 # OpenVINO: the torch module converted
 
-def openvino_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+def openvino_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None,
+                   precision: str = "f32"):
     """OpenVINO's CPU plugin on ov.convert_model(torch_module(w, cfg)), f32 (not the bf16 it
-    picks by itself on AVX-512 BF16 machines), latency hint. ``shape`` fixes the input shape."""
+    picks by itself on AVX-512 BF16 machines) or ``precision`` "bf16", latency hint.
+    ``shape`` fixes the input shape."""
     import openvino as ov
     import torch
 
@@ -340,7 +342,7 @@ def openvino_block(w: BlockWeights, cfg: BlockConfig, threads: int | None = None
         model = ov.convert_model(torch_module(w, cfg), example_input=example)
     if shape is not None:
         model.reshape(list(shape))          # static: the plugin can plan every buffer once
-    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = ov.Core().compile_model(model, "CPU", config)
@@ -355,10 +357,20 @@ BUILDERS = {"torch": torch_block, "compile": torch_compiled, "ort": onnxruntime_
             "openvino": openvino_block}
 
 
-def build(name: str, w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None):
+# the peers that can compute in another precision than float32 (the keyword they take it by)
+PRECISIONS = {"openvino": ("f32", "bf16")}
+
+
+def build(name: str, w: BlockWeights, cfg: BlockConfig, threads: int | None = None, shape=None,
+          precision: str = "f32"):
     """The peer ``name``'s callable; ``shape`` (B, T, d_model), when the caller knows it, lets
-    the compiling peers specialise to it."""
+    the compiling peers specialise to it; ``precision`` "bf16" asks for bf16 arithmetic
+    (OpenVINO's precision hint), where the peer has it."""
     ok, why = peer_status(name)
     if not ok:
         raise RuntimeError(f"peer {name!r} cannot run here: {why}")
-    return BUILDERS[name](w, cfg, threads=threads, shape=shape)
+    if precision == "f32":
+        return BUILDERS[name](w, cfg, threads=threads, shape=shape)
+    if precision not in PRECISIONS.get(name, ()):
+        raise ValueError(f"peer {name!r} has no {precision} mode here (only {sorted(PRECISIONS)} do)")
+    return BUILDERS[name](w, cfg, threads=threads, shape=shape, precision=precision)
