@@ -419,16 +419,18 @@ static void copy(double *out, const double *in, size_t n)
 
 /* v[0 .. n-1] rounded in place, as llama.cpp rounds activations for its 8-bit dot products
  * but with a float32 scale: in float32, amax = max |v|, d = amax / 127, and each v goes to
- * d * rint(v * (127 / amax)), ties to even (all zero where amax is 0). */
+ * d * rint(v * (127 / amax)), ties to even (all zero where amax is 0, or so small that
+ * 127 / amax overflows). */
 static void round_q8(double *v, size_t n)
 {
     float amax = 0.0f;
     for (size_t i = 0; i < n; i++)
         amax = fmaxf(amax, fabsf((float)v[i]));
-    const float d = amax > 0.0f ? amax / 127.0f : 0.0f;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float inv = 127.0f / amax;          /* +inf where amax is 0 or below 127 / FLT_MAX */
+    const int keep = isfinite(inv);
+    const float d = keep ? amax / 127.0f : 0.0f;
     for (size_t i = 0; i < n; i++)
-        v[i] = (double)d * (double)rintf((float)v[i] * inv);
+        v[i] = keep ? (double)d * (double)rintf((float)v[i] * inv) : 0.0;
 }
 
 /* x rounded to float32 and then to the nearest bfloat16, ties to even. */

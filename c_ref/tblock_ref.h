@@ -107,7 +107,8 @@ typedef enum {
  *   Q8:    each row of X first rounded as llama.cpp rounds activations for its 8-bit
  *          dot products, in float32, block by block of 32 inputs: amax = max |x|;
  *          d = amax / 127, q = rint(x * (127 / amax)) (ties to even), x -> d * q
- *          (0 where amax is 0). d_model and d_ff must be multiples of 32.
+ *          (0 where amax is 0 or 127 / amax overflows). d_model and d_ff must be
+ *          multiples of 32.
  *   BF16:  each input rounded to float32, then to the nearest bfloat16 (ties to even). */
 typedef enum {
     TB_DOT_EXACT = 0,

@@ -23,7 +23,8 @@ A stored matrix also says how a product x @ W with it is computed, its ``dot``:
     int8   (int8 and int4 matrices) each row x first rounded to int8 in blocks of 32 inputs,
            as llama.cpp does, so that a kernel can sum integer products (VNNI's vpdpbusd):
            per block, amax = max |x_i|; d = amax / 127 and q_i = rint(x_i * (127 / amax)),
-           in float32, rounding half to even; x_i becomes d * q_i (0 where amax is 0)
+           in float32, rounding half to even; x_i becomes d * q_i (0 where amax is 0, or so
+           small, below 127 / FLT_MAX ~ 3.7e-37, that 127 / amax overflows)
     bf16   (bf16 matrices) each x_i rounded to float32, then to the nearest bfloat16 (ties to
            even), so that a kernel can multiply bf16 pairs (AVX512_BF16's vdpbf16ps)
 
@@ -217,8 +218,9 @@ def round_inputs(X: np.ndarray, dot: str) -> np.ndarray:
         return ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) & np.uint32(0xFFFF0000)).view(np.float32).astype(X.dtype)
     x = np.asarray(X, np.float32).reshape(*X.shape[:-1], X.shape[-1] // QBLOCK, QBLOCK)
     amax = np.abs(x).max(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
-        scale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(x * scale)                                  # float32, ties to even
+    with np.errstate(divide="ignore", over="ignore"):
+        scale = np.float32(127) / amax                      # inf where amax is 0 or below 127 / FLT_MAX
+    keep = np.isfinite(scale)
+    d = np.where(keep, amax / np.float32(127), np.float32(0)).astype(np.float32)
+    q = np.rint(x * np.where(keep, scale, np.float32(0)))   # float32, ties to even
     return (q.astype(X.dtype) * d.astype(X.dtype)).reshape(X.shape)
