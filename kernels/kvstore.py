@@ -190,8 +190,9 @@ def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     O, pos = take(work, pos, m * panels(dk, NR) * NR)
     mrow, pos = take_f64(work, pos, m)
     lrow, pos = take_f64(work, pos, m)
-    stored_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), cache, KV(bh * kt_len(max_T, dk, NR), bh * max_T * ldv, ldv),
-                bh, Att(past + q0, past + q1, keys, dk, True, 1.0 / np.sqrt(dk), bk), FlashWork(Qt, S, O, mrow, lrow),
+    kv = KV(bh * kt_len(max_T, dk, NR), bh * max_T * ldv, ldv)
+    att = Att(past + q0, past + q1, keys, dk, True, 1.0 / np.sqrt(dk), bk)
+    stored_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), cache, kv, bh, att, FlashWork(Qt, S, O, mrow, lrow),
                 Rows((b * T + q0) * ldq + h * dk, ldq))
 
 
@@ -250,7 +251,9 @@ def stored_rows(X, q, cache, kv, bh, att, work, o):
             vstore_n(X, o.off + i * o.ld + c, vmul(vload(O, i * ldo + c), vinv), dk - c)
 
 
-@kernel(internal=True, inline="always")
+# not inline="always": inlined after softmax_update (inlined too), Numba lost that
+# function's early-return update of lrow (queries past the first key tile were wrong)
+@kernel(internal=True)
 def _pv(S, V, kv, k0, kn, dk, O, ob):
     """O[ob : ob + dk] += sum_j S[j] V[k0 + j] over the kn stored rows of keys k0.. (kv:
     the head's rows, kv.ldv apart): two chains (even and odd keys), as flash_rows's

@@ -64,7 +64,7 @@ def check_kv_format(fmt, dtype, name: str = "format") -> str:
     if fmt == "fp64" and dtype != np.float64:
         raise ValueError(f"{name}='fp64' is a float64 cache: dtype must be float64, got {dtype}")
     if fmt in STORED_KV and dtype != np.float32:
-        raise ValueError(f"a {fmt} KV cache computes in float32: dtype must be float32, got {dtype} "
+        raise ValueError(f"a KV cache in {fmt} computes in float32: dtype must be float32, got {dtype} "
                          f"(a float64 cache holds its keys and values unrounded: {name}='fp32')")
     if fmt == "fp32" and dtype == np.float64:
         return "fp64"
@@ -276,6 +276,8 @@ class KVCache:
         dtype and batch, and room for T_new more tokens. Nothing is changed."""
         if cfg != self.cfg:
             raise ValueError(f"cache was made for {self.cfg}, got a block with {cfg}")
+        if H3.dtype.newbyteorder("=") != self.dtype and self.format in STORED_KV:
+            raise TypeError(f"a KV cache in {self.format} computes in float32: H must be float32, got {H3.dtype}")
         if H3.dtype.newbyteorder("=") != self.dtype:     # forward converts the byte order itself
             raise TypeError(f"cache holds {self.dtype}, got H of dtype {H3.dtype}: "
                             f"make the cache with dtype=np.{H3.dtype}")
