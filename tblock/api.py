@@ -237,9 +237,10 @@ class Block:
     def __call__(self, H, backend: str | None = None, trace: bool = False, cache: KVCache | None = None):
         return forward(H, self.weights, self.cfg, backend=backend or self.backend, trace=trace, cache=cache)
 
-    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32) -> KVCache:
-        """An empty KVCache for this block."""
-        return KVCache(self.cfg, max_T, batch, dtype)
+    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32, format: str = "fp32") -> KVCache:
+        """An empty KVCache for this block, its keys and values in ``format`` ("fp32",
+        "bf16" or "int8": tblock.kvcache)."""
+        return KVCache(self.cfg, max_T, batch, dtype, format)
 
 
 def _overflow(i: int, dtype) -> ValueError:
@@ -288,9 +289,9 @@ class Stack:
     def __len__(self):
         return len(self.blocks)
 
-    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32) -> list[KVCache]:
-        """Empty KVCaches, one per block, for ``stack(H, cache=...)``."""
-        return make_caches(self.cfg, len(self.blocks), max_T, batch, dtype)
+    def make_cache(self, max_T: int, batch: int = 1, dtype=np.float32, format: str = "fp32") -> list[KVCache]:
+        """Empty KVCaches, one per block, for ``stack(H, cache=...)``, in ``format``."""
+        return make_caches(self.cfg, len(self.blocks), max_T, batch, dtype, format)
 
     def __call__(self, H, backend: str | None = None, trace: bool = False, cache=None):
         """H_N, or with ``trace=True`` (H_N, [Trace of block 1, ..., block N]).
@@ -363,6 +364,9 @@ class Stack:
                 raise TypeError(f"cache[{i}] must be a KVCache, got {type(c).__name__}")
             c.check(H3, self.cfg)
         _check_distinct(caches)
+        if len({c.format for c in caches}) != 1:
+            raise ValueError(f"the blocks' caches hold different formats {[c.format for c in caches]}: "
+                             f"make them with one format (make_cache)")
         if len({c.length for c in caches}) != 1:
             raise ValueError(f"the blocks' caches hold different lengths {[c.length for c in caches]}")
 

@@ -57,9 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--weights", default="fp32", choices=FORMATS,
                      help="how the blocks' matrices are stored: quantized on loading (default fp32; "
                           "the tied embedding and head follow, int8 under int4 blocks)")
-    gen.add_argument("--dot", default="fp32", choices=("fp32", "int8"),
-                     help="how products with int8/int4 weights are computed: fp32 (default) or int8 "
-                          "(each input row rounded to int8 blocks, as llama.cpp does: faster, less exact)")
+    gen.add_argument("--dot", default="fp32", choices=("fp32", "int8", "bf16"),
+                     help="how products with stored weights are computed: fp32 (default); int8 for int8/int4 "
+                          "weights, each input row rounded to int8 blocks as llama.cpp does; bf16 for bf16 "
+                          "weights, inputs rounded to bf16 (faster, less exact)")
+    from .kvcache import KV_FORMATS
+    gen.add_argument("--cache", default="fp32", choices=KV_FORMATS,
+                     help="how the KV caches store keys and values: fp32 (default), bf16 or int8 "
+                          "(one float32 scale per head and token), read by every step")
     return parser
 
 
@@ -83,7 +88,8 @@ def run_generate(args) -> int:
     if seed is None and args.temperature != 0:
         seed = secrets.randbits(32)             # printed, so the run can be repeated
     steps = model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, seed=seed, eos_token_id=args.eos, backend=args.backend)
+                         top_p=args.top_p, seed=seed, eos_token_id=args.eos, backend=args.backend,
+                         cache_format=args.cache)
     tty = sys.stderr.isatty()
     new, start, first = [], time.perf_counter(), 0.0
     for tok in steps:
@@ -101,7 +107,8 @@ def run_generate(args) -> int:
     draws = "greedy" if args.temperature == 0 else f"seed {seed}"
     sys.stderr.write(f"{chr(13) if tty else ''}{len(new)} tokens in {total:.2f} s: the prefill of {len(ids)} and "
                      f"the first token {first * 1e3:.1f} ms, then {rate} tokens/s "
-                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights}, dot {args.dot})\n")
+                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights}, dot {args.dot}, "
+                     f"cache {args.cache})\n")
     out = list(ids) + new
     print(" ".join(str(i) for i in out))
     if tokenizer is not None:

@@ -26,7 +26,7 @@ from ..api import Stack, get_backend
 from ..backends import DEFAULT_BACKEND, lm_hook
 from ..config import BlockConfig, check_int
 from ..formats import QuantizedMatrix, dequantize
-from ..kvcache import KVCache
+from ..kvcache import KVCache, check_kv_format, kv_bytes_per_token
 from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
 from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
 
@@ -142,19 +142,21 @@ class CausalLM:
         blocks = sum(int(np.prod(a.shape)) for b in self.blocks for a in b.arrays().values())
         return self.vocab_size * self.stack.cfg.d_model + self.wpe.size + blocks + self.ln_f.size
 
-    def bytes_per_token(self, context: int = 0) -> int:
+    def bytes_per_token(self, context: int = 0, cache_format: str = "fp32") -> int:
         """The bytes one decode step reads, with ``context`` keys and values per block in its
         caches (0 <= context <= n_positions): every block's ``BlockWeights.nbytes`` (its six
         matrices as stored, biases and LayerNorm affines), the head's matrix (wte as stored)
-        and the caches' keys and values, 2 * n_layer * context * d
-        in the model's dtype.  Not counted: LN_f's 2d values, the two embedding rows the
-        step adds, and activations (each O(d) or O(d_ff), not O(d^2))."""
+        and the caches' keys and values, n_layer * context * kv_bytes_per_token (2d values
+        in the model's dtype for "fp32", 2 bytes each for "bf16", 1 for "int8" plus its
+        2 * n_head float32 scales: tblock.kvcache).  Not counted: LN_f's 2d values, the two
+        embedding rows the step adds, and activations (each O(d) or O(d_ff), not O(d^2))."""
         context = check_int("context", context, 0)
         if context > self.n_positions:
             raise ValueError(f"context must be <= n_positions={self.n_positions}, got {context}")
+        per_token = kv_bytes_per_token(self.stack.cfg, check_kv_format(cache_format, self.dtype, "cache_format"),
+                                       self.dtype)
         blocks = sum(b.nbytes for b in self.blocks)
-        kv = 2 * len(self.blocks) * context * self.stack.cfg.d_model * self.dtype.itemsize
-        return blocks + self.wte.nbytes + kv
+        return blocks + self.wte.nbytes + len(self.blocks) * context * per_token
 
     # --------------------------------------------------------------- forward
 
@@ -270,15 +272,17 @@ class CausalLM:
 
     # --------------------------------------------------------------- cached forward
 
-    def make_cache(self, max_T: int | None = None, batch: int = 1) -> list[KVCache]:
+    def make_cache(self, max_T: int | None = None, batch: int = 1, format: str = "fp32") -> list[KVCache]:
         """Empty KV caches, one per block, for ``batch`` sequences of up to ``max_T`` tokens
         (default n_positions) in the model's dtype: 2 * N * max_T * d values per sequence,
-        allocated here once."""
+        allocated here once, stored in ``format``: "fp32" (as computed, in the model's
+        dtype), "bf16" or "int8" (rounded: tblock.kvcache; a float32 model's only)."""
         max_T = self.n_positions if max_T is None else check_int("max_T", max_T, 1)
         if max_T > self.n_positions:
             raise ValueError(f"max_T must be <= n_positions={self.n_positions} (the model has no position "
                              f"past that), got {max_T}")
-        return self.stack.make_cache(max_T, batch, self.dtype)
+        check_kv_format(format, self.dtype)
+        return self.stack.make_cache(max_T, batch, self.dtype, format)
 
     def _forward_cached(self, ids2: np.ndarray, cache: list[KVCache], backend: str) -> np.ndarray:
         """h_N of the new tokens ids2 (B, T_new) after the cache's ``past`` ones: (B, T_new, d).
@@ -342,7 +346,7 @@ class CausalLM:
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed=None, eos_token_id: int | None = None,
-                 backend: str | None = None) -> np.ndarray:
+                 backend: str | None = None, cache_format: str = "fp32") -> np.ndarray:
         """The prompt followed by up to ``max_new_tokens`` new tokens, as transformers'
         generate returns them: (T + n,) for ids (T,), (B, T + n) for ids (B, T), int64.
 
@@ -351,8 +355,10 @@ class CausalLM:
         ``np.random.default_rng(seed)``, so a seed repeats a run.  A sequence that produces
         ``eos_token_id`` emits it from then on (transformers pads with pad_token_id, GPT-2's
         being its eos), and generation stops once every sequence has (n < max_new_tokens).
-        The prompt runs through the blocks as one chunk, then each token is one cached step."""
-        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        The prompt runs through the blocks as one chunk, then each token is one cached step,
+        over KV caches in ``cache_format`` (make_cache's ``format``: "fp32", "bf16", "int8")."""
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend,
+                                    cache_format)
         n = 0
         for n in steps:
             pass
@@ -361,16 +367,17 @@ class CausalLM:
 
     def stream(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, seed=None, eos_token_id: int | None = None,
-               backend: str | None = None):
+               backend: str | None = None, cache_format: str = "fp32"):
         """``generate`` one token at a time: an iterator yielding each new token as an int
         for ids (T,), or the (B,) array of the step's tokens for ids (B, T).  The arguments
         are checked here, before the first token is asked for."""
-        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend)
+        out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend,
+                                    cache_format)
         if np.ndim(ids) == 2:
             return (out[:, T + n - 1].copy() for n in steps)
         return (int(out[0, T + n - 1]) for n in steps)
 
-    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend):
+    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend, cache_format):
         """Every argument checked, the output buffer (B, T + max_new_tokens) holding the prompt,
         and the decoding loop (not started): (out, T, steps)."""
         ids2 = self._check_ids(ids)
@@ -382,6 +389,7 @@ class CausalLM:
                              f"{self.n_positions} (the model's context): at most {self.n_positions - T}")
         temperature = check_temperature(temperature)
         top_k, top_p = check_filters(top_k, top_p)
+        check_kv_format(cache_format, self.dtype, "cache_format")
         if eos_token_id is not None:
             eos_token_id = check_int("eos_token_id", eos_token_id, 0)
             if eos_token_id >= self.vocab_size:
@@ -396,16 +404,16 @@ class CausalLM:
                 return draw(next_token_probs(logits, temperature, top_k, top_p), rng)
         out = np.empty((B, T + max_new), dtype=np.int64)    # prompt + new tokens, allocated once
         out[:, :T] = ids2
-        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name)
+        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name, cache_format)
 
-    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str):
+    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str, cache_format: str):
         """The decoding loop: fills out[:, T + n] for n = 0, 1, ... and yields n + 1 after
         each.  The prompt out[:, :T] is one chunk through the blocks; every later step feeds
         the token just chosen.  Caches and logits are allocated once, before the loop."""
         if max_new == 0:
             return
         B = out.shape[0]
-        cache = self.make_cache(T + max_new - 1, B)     # the last new token is never fed back
+        cache = self.make_cache(T + max_new - 1, B, cache_format)     # the last new token is never fed back
         logits = np.empty((B, self.vocab_size), dtype=self.dtype)
         done = np.zeros(B, dtype=bool)
         chunk = out[:, :T]                  # (B, T): the prompt, then (B, 1) per step
