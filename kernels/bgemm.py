@@ -49,8 +49,10 @@ from .tiles import MC, MR, NV
 
 L = VECTOR_BYTES // 4            # float32 lanes of one vector
 NR = NV * L                      # columns of a panel: the float32 GEMM's
-KCP = 64                         # k pairs per block: a KCP x NR slice of a panel (16 KiB on
-                                 # avx512) stays in L1 while the row tiles pass over it
+KCP = 512                        # k pairs per block (all of K = 768 and 1024): the panel's
+                                 # slice streams from L2 at the micro-kernel's pace (NR pairs
+                                 # per MR x NV dots), so an L1-sized block saved nothing and
+                                 # cost a store and a reload of C per block (docs/perf-log.md)
 _F = Vec(types.float32, NR)      # a panel vector of float32 (simd's pload type)
 _I = Vec(types.int32, NR)        # a panel vector of bf16 pairs
 
@@ -294,7 +296,8 @@ def bgemm_panels(A, a, Bp, b, C, c, tile, accumulate, bias, bias_off):
     panels of C.  bias_off >= 0: column j's bias is bias[bias_off + j], whole panels.
 
     The tile's rows are rounded into pairs once (pack_pairs), then, as gemm_panels:
-    panels, then k blocks of KCP pairs, then micro row-tiles."""
+    panels, then k blocks of KCP pairs, then micro row-tiles (the row tiles share the
+    panel's slice, from L2)."""
     i0, i1, p0, p1 = tile
     rows = i1 - i0
     K = b.k

@@ -4,7 +4,8 @@ The reference rounds A itself: each float32 to bf16, to nearest even, a subnorma
 a NaN to a NaN; W is the stored bf16, a bf16 subnormal taken as 0 (the kernel's inputs:
 kernels/bgemm.py's docstring).  The products of those are exact; the kernel sums them in
 float32, n = 2 ceil(K/2) + ceil(K/128) + 2 rounded additions at most per output (two per
-k pair, one per k block into C, the bias, the accumulated C), so
+k pair, one per k block into C (blocks of 64 pairs or more), the bias, the accumulated C),
+so
 
     |C - ref| <= 1.01 n 2^-24 (sum_k |a_ik w_kj| + |bias_j| + |C0_ij|) + n 2^-126
 
