@@ -16,6 +16,15 @@ GPT2.from_pretrained takes to be the blocks' format except int8 under int4 block
     (blocks only, head float32: bf16 2.2e-5 / 1.59e-6 / 0.99951, int8 5.1e-4 / 1.88e-5 /
     0.99658, int4 5.1e-3 / 7.14e-3 / 0.93965: the head in 4 bits is what costs)
 
+The KV cache formats (tblock.kvcache), with float32 weights: the model's logits through a
+prefill into caches of the format (every key and value read back as stored), against the
+same model without a cache (2026-12-05, the same positions; an fp32 cache gives the
+reference's figures exactly):
+
+    cache   perplexity  |ppl/ref - 1|  mean KL(p_fp32 || p_fmt)  top-1 agreement
+    bf16    6.11786     6.2e-5         1.08e-5                   0.99854
+    int8    6.11719     4.8e-5         4.25e-5                   0.99619
+
 The harness itself is checked first, on a small random model, against a loop over windows
 and positions written here with scipy's softmax and entropy.
 """
@@ -40,6 +49,8 @@ REFERENCE_BACKEND = "numba"     # the float32 reference's (the numpy oracle woul
 # (weights, head): (max |perplexity / reference - 1|, max mean KL in nats, min top-1 agreement)
 BOUNDS = {("bf16", "bf16"): (5e-5, 5e-5, 0.992), ("int8", "int8"): (2e-3, 5e-4, 0.978),
           ("int4", "int8"): (1.2e-2, 1.4e-2, 0.88), ("int4", "int4"): (0.13, 0.1, 0.75)}
+# cache format (float32 weights): the same three bounds
+CACHE_BOUNDS = {"bf16": (1.3e-4, 2.2e-5, 0.997), "int8": (1e-4, 8.5e-5, 0.992)}
 
 
 # ----------------------------------------------------------------------------- the harness
@@ -48,13 +59,15 @@ BOUNDS = {("bf16", "bf16"): (5e-5, 5e-5, 0.992), ("int8", "int8"): (2e-3, 5e-4, 
 SMALL = dict(vocab_size=37, n_positions=16, n_embd=32, n_layer=2, n_head=4)
 
 
-def by_hand(model, ref, tokens, context):
+def by_hand(model, ref, tokens, context, cache_format=None):
     """(perplexity, ref perplexity, mean KL, top-1) over non-overlapping windows, one
-    window and one position at a time, scipy doing the softmax and the KL."""
+    window and one position at a time, scipy doing the softmax and the KL; with
+    cache_format, the model's logits through new KV caches of it."""
     nll, ref_nll, kl, agree, n = 0.0, 0.0, 0.0, 0, 0
     for start in range(0, len(tokens) - context, context):
         x, y = tokens[start:start + context], tokens[start + 1:start + context + 1]
-        q = log_softmax(model(x).astype(np.float64), axis=-1)
+        cache = None if cache_format is None else model.make_cache(context, format=cache_format)
+        q = log_softmax(model(x, cache=cache).astype(np.float64), axis=-1)
         p = log_softmax(ref(x).astype(np.float64), axis=-1)
         for j in range(context):
             nll -= q[j, y[j]]
@@ -89,6 +102,13 @@ def test_compare_and_perplexity_against_a_loop_by_hand():
                                by_hand(model, ref, tokens[:25], 8), rtol=1e-9)
     same = compare(ref, ref, tokens)
     assert same.kl == 0 and same.top1 == 1 and same.perplexity == same.reference_perplexity
+    # through KV caches of a format: the model's windows each a prefill into new caches
+    want = by_hand(ref, ref, tokens, 16, cache_format="int8")
+    for batch in (1, 3):
+        got = compare(ref, ref, tokens, batch=batch, cache_format="int8")
+        np.testing.assert_allclose([got.perplexity, got.reference_perplexity, got.kl, got.top1], want, rtol=1e-9)
+    assert want[2] > 0                              # the rounding made a difference the check can see
+    assert perplexity(ref, tokens, batch=2, cache_format="int8") == pytest.approx(want[0], rel=1e-12)
 
 
 def test_windows_and_bad_arguments():
@@ -113,6 +133,8 @@ def test_windows_and_bad_arguments():
         compare(model, GPT2.from_config(**dict(SMALL, vocab_size=38), seed=1), np.arange(40) % 37)
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         perplexity(model, np.arange(40) % 37, batch=0)
+    with pytest.raises(ValueError, match="format must be one of .*, got 'int4'"):
+        perplexity(model, np.arange(40) % 37, cache_format="int4")
 
 
 # ----------------------------------------------------------------------------- the trained model
@@ -147,6 +169,21 @@ def test_a_format_stays_within_its_bounds(fmt, head, reference, heldout):
                   reference_backend=REFERENCE_BACKEND)
     max_ppl, max_kl, min_top1 = BOUNDS[fmt, head]
     print(f"{fmt} blocks, {head} head: {acc}")
+    assert acc.positions == POSITIONS
+    assert abs(acc.perplexity / acc.reference_perplexity - 1) <= max_ppl, acc
+    assert 0 < acc.kl <= max_kl, acc
+    assert min_top1 <= acc.top1 < 1, acc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", list(CACHE_BOUNDS))
+def test_a_cache_format_stays_within_its_bounds(cache, reference, heldout):
+    """10,240 held-out positions through KV caches of the format (module docstring), float32
+    weights, against the same model without a cache."""
+    acc = compare(reference, reference, heldout, positions=POSITIONS, backend=BACKEND,
+                  reference_backend=REFERENCE_BACKEND, cache_format=cache)
+    max_ppl, max_kl, min_top1 = CACHE_BOUNDS[cache]
+    print(f"{cache} cache: {acc}")
     assert acc.positions == POSITIONS
     assert abs(acc.perplexity / acc.reference_perplexity - 1) <= max_ppl, acc
     assert 0 < acc.kl <= max_kl, acc

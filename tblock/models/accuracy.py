@@ -1,9 +1,11 @@
-"""How much a weight format changes a language model: perplexity, KL divergence, top-1.
+"""How much a weight or KV cache format changes a language model: perplexity, KL divergence,
+top-1.
 
     ref = GPT2.from_pretrained(path)                        # float32: the reference
     q = GPT2.from_pretrained(path, weights="int8")
     acc = compare(q, ref, tokens, positions=10_240)         # an Accuracy
     acc.perplexity, acc.kl, acc.top1                        # and acc.reference_perplexity
+    compare(ref, ref, tokens, cache_format="int8")          # the model through an int8 KV cache
 
 The protocol: the token stream is cut into non-overlapping windows of ``context`` tokens
 (default the model's n_positions), window w holding tokens[w*context : (w+1)*context] as
@@ -20,7 +22,11 @@ model's (softmax of the logits in float64):
     kl           mean over positions of KL(p || q) = sum_v p_v (log p_v - log q_v), nats
     top1         the fraction of positions where argmax q equals argmax p
 
-Windows run through ``model(ids, backend=backend)`` in batches of ``batch`` windows.
+Windows run through ``model(ids, backend=backend)`` in batches of ``batch`` windows; with
+``cache_format`` ("fp32", "bf16", "int8": tblock.kvcache), through
+``model(ids, backend=backend, cache=model.make_cache(context, batch, format=cache_format))``
+instead, a prefill whose every key and value is read from the cache as stored, as a
+generation's would be (the reference always runs without a cache).
 """
 
 from __future__ import annotations
@@ -63,12 +69,21 @@ def windows(tokens, context: int, positions: int | None = None) -> tuple[np.ndar
     return span[:-1].reshape(n, context), span[1:].reshape(n, context)
 
 
-def log_probs(model, inputs: np.ndarray, backend: str | None = None, batch: int = 8):
+def log_probs(model, inputs: np.ndarray, backend: str | None = None, batch: int = 8,
+              cache_format: str | None = None):
     """log softmax of the model's logits, float64 (w, context, vocab), ``batch`` windows
-    of ``inputs`` (n_windows, context) at a time: an iterator."""
+    of ``inputs`` (n_windows, context) at a time: an iterator.  ``cache_format``: each
+    batch through new KV caches of that format (module docstring); None: no cache."""
     batch = check_int("batch", batch, 1)
+    if cache_format is not None:
+        model.make_cache(1, 1, format=cache_format)        # a bad format fails before any work
     for start in range(0, len(inputs), batch):
-        logits = model(inputs[start:start + batch], backend=backend).astype(np.float64)
+        ids = inputs[start:start + batch]
+        if cache_format is None:
+            logits = model(ids, backend=backend)
+        else:
+            logits = model(ids, backend=backend, cache=model.make_cache(ids.shape[1], len(ids), format=cache_format))
+        logits = logits.astype(np.float64)
         logits -= logits.max(axis=-1, keepdims=True)
         yield logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
 
@@ -88,20 +103,22 @@ def _nll(logp: np.ndarray, targets: np.ndarray) -> float:
 
 
 def perplexity(model, tokens, context: int | None = None, positions: int | None = None,
-               backend: str | None = None, batch: int = 8) -> float:
+               backend: str | None = None, batch: int = 8, cache_format: str | None = None) -> float:
     """exp(mean -log p(target)) of ``model`` on the stream's windows (module docstring)."""
     inputs, targets = windows(tokens, _context(model, context), positions)
     nll = 0.0
-    for w, logp in enumerate(log_probs(model, inputs, backend, batch)):
+    for w, logp in enumerate(log_probs(model, inputs, backend, batch, cache_format)):
         nll += _nll(logp, targets[w * batch:w * batch + len(logp)])
     return float(np.exp(nll / targets.size))
 
 
 def compare(model, reference, tokens, context: int | None = None, positions: int | None = None,
-            backend: str | None = None, reference_backend: str | None = None, batch: int = 8) -> Accuracy:
+            backend: str | None = None, reference_backend: str | None = None, batch: int = 8,
+            cache_format: str | None = None) -> Accuracy:
     """``model`` against ``reference`` (same vocabulary) on the stream's windows: perplexity
     of both, mean KL(p_reference || p_model) and top-1 agreement (module docstring).
-    ``reference_backend`` defaults to ``backend``."""
+    ``reference_backend`` defaults to ``backend``; ``cache_format``: the model's logits
+    through KV caches of that format (the reference's without a cache)."""
     if model.vocab_size != reference.vocab_size:
         raise ValueError(f"the models' vocabularies differ: {model.vocab_size} and {reference.vocab_size}")
     context = _context(model, context)
@@ -109,7 +126,7 @@ def compare(model, reference, tokens, context: int | None = None, positions: int
     inputs, targets = windows(tokens, context, positions)
     ref_backend = backend if reference_backend is None else reference_backend
     nll = ref_nll = kl = agree = 0.0
-    pairs = zip(log_probs(model, inputs, backend, batch), log_probs(reference, inputs, ref_backend, batch))
+    pairs = zip(log_probs(model, inputs, backend, batch, cache_format), log_probs(reference, inputs, ref_backend, batch))
     for w, (logq, logp) in enumerate(pairs):
         tgt = targets[w * batch:w * batch + len(logq)]
         nll += _nll(logq, tgt)
