@@ -41,10 +41,11 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .isa import PATH
-from .layout import ceil_div, panels, stage_grid, task_tile
+from .layout import ceil_div, panels, row_piece, stage_grid, task_tile
 from .options import kernel
 from .records import Panels, Rows
-from .simd import VECTOR_BYTES, Vec, elem_ptr, ir_splat, pload, pload_n, psplat, pstore, pstore_n, vadd, vload_n
+from .simd import (VECTOR_BYTES, Vec, elem_ptr, ir_splat, pload, pload_n, psplat, pstore, pstore_n, vadd, vload,
+                   vload_n)
 from .tiles import MC, MR, NV
 
 L = VECTOR_BYTES // 4            # float32 lanes of one vector
@@ -182,20 +183,33 @@ def _round_bf16(builder, v):
     return builder.select(sub, builder.and_(up, c(0x8000)), out)
 
 
+def _pairs_of(builder, lo, hi):
+    """<L x i32>: the bf16 pairs of the 2L float32 lanes lo then hi (lane 2q of lo|hi in
+    the low half of pair q), rounded as _round_bf16 says: one vcvtne2ps2bf16 (which rounds
+    so) where the target has it."""
+    n = lo.type.count
+    i32 = ir.VectorType(ir.IntType(32), n)
+    if BF16_DOT:
+        fnty = ir.FunctionType(ir.VectorType(_BFloat(), 2 * n), [lo.type, lo.type])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+        return builder.bitcast(builder.call(fn, [hi, lo]), i32)       # its first operand fills the top half
+    i16 = ir.VectorType(ir.IntType(16), n)
+    both = _concat(builder, [builder.trunc(_round_bf16(builder, lo), i16), builder.trunc(_round_bf16(builder, hi), i16)])
+    return builder.bitcast(both, i32)
+
+
 @intrinsic
-def store_pairs(typingctx, v, Ap, j):
-    """Ap[j : j + L/2] = the L lanes of the float32 vector v rounded to bf16, in pairs
-    (lane 2q in the low half of Ap[j + q])."""
-    if not isinstance(v, Vec) or v.dtype != types.float32 or not _is_u32(Ap):
+def store_pairs(typingctx, lo, hi, Ap, j):
+    """Ap[j : j + L] = the float32 vectors lo then hi (2L values) rounded to bf16 pairs."""
+    if not isinstance(lo, Vec) or lo.dtype != types.float32 or hi != lo or not _is_u32(Ap):
         return None
 
     def codegen(context, builder, sig, args):
-        r = builder.trunc(_round_bf16(builder, args[0]), ir.VectorType(ir.IntType(16), v.lanes))
-        pairs = builder.bitcast(r, ir.VectorType(ir.IntType(32), v.lanes // 2))
-        p = elem_ptr(context, builder, sig.args[1], args[1], args[2])
+        pairs = _pairs_of(builder, args[0], args[1])
+        p = elem_ptr(context, builder, sig.args[2], args[2], args[3])
         builder.store(pairs, builder.bitcast(p, pairs.type.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(v, Ap, types.intp), codegen
+    return types.void(lo, hi, Ap, types.intp), codegen
 
 
 # ----------------------------------------------------------------------------- packing
@@ -220,14 +234,25 @@ def pack_bf16_panels(W16: np.ndarray, out: np.ndarray) -> None:
     out[:NP * Kp * NR] = pairs.reshape(NP, NR, Kp).transpose(0, 2, 1).reshape(-1)
 
 
-@kernel(readonly=("A",), internal=True)
-def pack_pairs(A, a, rows, K, Ap, ldp):
-    """Ap[r * ldp : r * ldp + ceil(K / 2)] = row r of A (a: its Rows) rounded to bf16 pairs,
-    for r < rows; zero past K to the end of the last vector (ldp: a multiple of L / 2)."""
+@kernel
+def pair_stride(K):
+    """Row stride (uint32) of A rounded to pairs: whole vectors of pairs (2L inputs each)."""
+    return -(-K // (2 * L)) * L
+
+
+@kernel(readonly=("A",))
+def pack_pairs(A, a, rows, K, Ap, ap):
+    """Rows ap.off + r * ap.ld of Ap = row r of A (a: its Rows) rounded to bf16 pairs, for
+    r < rows, over pair_stride(K) pairs: zero past K."""
     for r in range(rows):
         src = a.off + r * a.ld
-        for k in range(0, K, L):
-            store_pairs(vload_n(A, src + k, K - k), Ap, r * ldp + k // 2)
+        dst = ap.off + r * ap.ld
+        k = 0
+        while k + 2 * L <= K:
+            store_pairs(vload(A, src + k), vload(A, src + k + L), Ap, dst + k // 2)
+            k += 2 * L
+        if k < K:
+            store_pairs(vload_n(A, src + k, K - k), vload_n(A, src + k + L, K - k - L), Ap, dst + k // 2)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -288,44 +313,58 @@ def micro_kernel(Ap, a, Bp, b, C, c, mnk, accumulate, bias, bias_off):
         _put_row(C, c_off + 5 * ldc, n, accumulate, c5)
 
 
-@kernel(readonly=("A", "Bp", "bias"), standalone=True)
-def bgemm_panels(A, a, Bp, b, C, c, tile, accumulate, bias, bias_off):
-    """C[tile] (+)= [bias +] bf16(A[rows of tile, 0:b.k]) @ B, serially: a, c the Rows of
-    A and C (float32), b the Panels of B in the packed uint32 Bp (off, ld in uint32: a
-    band of pair rows of a taller matrix with its panel stride), tile the rows and column
-    panels of C.  bias_off >= 0: column j's bias is bias[bias_off + j], whole panels.
+@kernel(readonly=("Ap", "Bp", "bias"), standalone=True)
+def bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off):
+    """C[tile] (+)= [bias +] A[rows of tile] @ B, serially, with A already in pairs: row i
+    at Ap[ap.off + i * ap.ld] (pack_pairs); b the Panels of B in the packed uint32 Bp
+    (off, ld in uint32; b.k inputs: a band of pair rows of a taller matrix, with its
+    panel stride); c the Rows of C (float32); tile its rows and column panels.
+    bias_off >= 0: column j's bias is bias[bias_off + j], read as whole panels.
 
-    The tile's rows are rounded into pairs once (pack_pairs), then, as gemm_panels:
-    panels, then k blocks of KCP pairs, then micro row-tiles (the row tiles share the
-    panel's slice, from L2)."""
+    As gemm_panels: panels, then k blocks of KCP pairs, then micro row-tiles (the row
+    tiles share the panel's slice, from L2)."""
     i0, i1, p0, p1 = tile
-    rows = i1 - i0
-    K = b.k
-    KP = ceil_div(K, 2)
-    ldp = ceil_div(K, L) * (L // 2)
-    Ap = np.empty(rows * ldp, dtype=np.uint32)
-    pack_pairs(A, Rows(a.off + i0 * a.ld, a.ld), rows, K, Ap, ldp)
+    KP = ceil_div(b.k, 2)
     for p in range(p0, p1):
         n = min(NR, b.n - p * NR)
         for kc0 in range(0, KP, KCP):
             acc = accumulate or kc0 > 0
             bo = bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1
             pb = Rows(b.off + p * b.ld + kc0 * NR, NR)
-            for i in range(0, rows, MR):
-                micro_kernel(Ap, Rows(i * ldp + kc0, ldp), Bp, pb, C, Rows(c.off + (i0 + i) * c.ld + p * NR, c.ld),
-                             (min(MR, rows - i), n, min(KCP, KP - kc0)), acc, bias, bo)
+            for i in range(i0, i1, MR):
+                micro_kernel(Ap, Rows(ap.off + i * ap.ld + kc0, ap.ld), Bp, pb, C, Rows(c.off + i * c.ld + p * NR, c.ld),
+                             (min(MR, i1 - i), n, min(KCP, KP - kc0)), acc, bias, bo)
+
+
+@kernel(readonly=("A", "Bp", "bias"), standalone=True)
+def bgemm_panels(A, a, Bp, b, C, c, tile, accumulate, bias, bias_off):
+    """bgemm_packed with A float32 (a: its Rows): the tile's rows rounded to pairs first,
+    into a scratch of the task's own.  For a task that is alone in reading its rows; tasks
+    that share rows (a stage split by columns) pack them once instead (bgemm_rows)."""
+    rows = tile.i1 - tile.i0
+    ldp = pair_stride(b.k)
+    Ap = np.empty(rows * ldp, dtype=np.uint32)
+    pack_pairs(A, Rows(a.off + tile.i0 * a.ld, a.ld), rows, b.k, Ap, Rows(0, ldp))
+    bgemm_packed(Ap, Rows(-tile.i0 * ldp, ldp), Bp, b, C, c, tile, accumulate, bias, bias_off)
 
 
 @kernel(readonly=("A", "Bp", "bias"), parallel=True)
 def bgemm_rows(A, a, Bp, b, C, c, rows, accumulate, bias, nthr):
-    """C[0:rows] (+)= [bias +] bf16(A[0:rows]) @ B on nthr threads, split into tasks as the
-    block's QKV and W_O stages are (layout.stage_grid); bias: float32, empty for none.
-    a, b, c: plain tuples of Rows' and Panels' fields (records.py: what Python passes)."""
+    """C[0:rows] (+)= [bias +] bf16(A[0:rows]) @ B on nthr threads: A's rows rounded to
+    pairs once, a share a thread, then the tasks of the block's QKV and W_O stages
+    (layout.stage_grid; with few rows, one column panel each, all reading every row).
+    bias: float32, empty for none.  a, b, c: plain tuples of Rows' and Panels' fields
+    (records.py: what Python passes)."""
     a, b, c = Rows(a[0], a[1]), Panels(b[0], b[1], b[2], b[3]), Rows(c[0], c[1])
+    ldp = pair_stride(b.k)
+    Ap = np.empty(rows * ldp, dtype=np.uint32)
+    for t in prange(nthr):
+        r0, r1 = row_piece(t, nthr, rows)
+        pack_pairs(A, Rows(a.off + r0 * a.ld, a.ld), r1 - r0, b.k, Ap, Rows(r0 * ldp, ldp))
     npn = panels(b.n, NR)
     mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
     for t in prange(ntasks):
-        bgemm_panels(A, a, Bp, b, C, c, task_tile(t, groups, mc, rows, npn), accumulate, bias,
+        bgemm_packed(Ap, Rows(0, ldp), Bp, b, C, c, task_tile(t, groups, mc, rows, npn), accumulate, bias,
                      0 if bias.size > 0 else -1)
 
 

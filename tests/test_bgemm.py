@@ -90,6 +90,24 @@ def test_rounding_of_a_is_nearest_even_with_subnormals_zero():
     np.testing.assert_array_equal(C[:, 0], want[:, 0])          # NaN == NaN here; -0 == 0 (a sum from +0)
 
 
+def test_rounding_of_whole_rows_is_exact():
+    """A (of ties, near ties, subnormals, large and tiny values) times the identity: C is
+    bf16(A) exactly, each output one product and zeros, through the full-vector rounding
+    of long rows as well as the tail's."""
+    rng = np.random.default_rng(2)
+    M, K = 5, 77
+    hi = rng.integers(0x0001, 0x7F7F, size=(M, K)).astype(np.uint32) << 16
+    lo = rng.choice(np.array([0x8000, 0x7FFF, 0x8001, 0x0000, 0xFFFF], np.uint32), size=(M, K))
+    bits = (hi | lo) ^ (rng.integers(0, 2, size=(M, K)).astype(np.uint32) << 31)
+    bits[0, :10] = [0x00400000, 0x807FFFFF, 0x00800000, 0x007FFFFF, 0x477FFFFF, 0, 0x80000000, 0x3F808000,
+                    0x3F818000, 0x7F7F7FFF]
+    A = bits.view(np.float32)
+    _, Bp = packed(np.eye(K, dtype=np.float32))
+    C = np.empty((M, K), np.float32)
+    bgemm(A, Bp, K, K, C)
+    np.testing.assert_array_equal(C, bf16_of_f32(A))
+
+
 def test_pack_layout_pairs_k_rows():
     """Panel p, pair row r, column j holds W[2r, j] | W[2r + 1, j] << 16, zero past K and N."""
     rng = np.random.default_rng(1)
