@@ -353,7 +353,7 @@ def bgemm_rows(A, a, Bp, b, C, c, rows, accumulate, bias, nthr):
     """C[0:rows] (+)= [bias +] bf16(A[0:rows]) @ B on nthr threads: A's rows rounded to
     pairs once, a share a thread, then the tasks of the block's QKV and W_O stages
     (layout.stage_grid; with few rows, one column panel each, all reading every row).
-    bias: float32, empty for none.  a, b, c: plain tuples of Rows' and Panels' fields
+    bias: float32 of whole panels (N rounded up to NR), empty for none.  a, b, c: plain tuples of Rows' and Panels' fields
     (records.py: what Python passes)."""
     a, b, c = Rows(a[0], a[1]), Panels(b[0], b[1], b[2], b[3]), Rows(c[0], c[1])
     ldp = pair_stride(b.k)
@@ -398,6 +398,8 @@ def bgemm(A, Bp, K, N, C, bias=None, accumulate=False, nthr=None):
     for name, v in (("K", K), ("N", N)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not C.flags.writeable:
+        raise ValueError("C must be writeable, got a read-only array")
     if A.shape[1] != K or C.shape != (A.shape[0], N):
         raise ValueError(f"A must be (M, {K}) and C (M, {N}); got A {A.shape}, C {C.shape}")
     if not isinstance(Bp, np.ndarray) or Bp.dtype != np.uint32 or Bp.ndim != 1 or Bp.size < bf16_packed_size(K, N):

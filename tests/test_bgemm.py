@@ -231,6 +231,10 @@ def test_bad_input_names_the_argument():
         bgemm(A, Bp[:-1], 4, 3, C)
     with pytest.raises(ValueError, match="bias must be \\(3,\\)"):
         bgemm(A, Bp, 4, 3, C, bias=np.ones(4, np.float32))
+    frozen = C.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="C must be writeable"):
+        bgemm(A, Bp, 4, 3, frozen)
     with pytest.raises(ValueError, match="contiguous rows"):
         bgemm(np.ones((2, 8), np.float32)[:, ::2], Bp, 4, 3, C)
 
