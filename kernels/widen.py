@@ -92,16 +92,21 @@ def half_load(typingctx, W, i):
         return None
 
     def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
         p = builder.bitcast(elem_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(16).as_pointer())
-        if PATH.f16c:                   # one vcvtph2ps: the integer route below is 7 instructions
-            return builder.fpext(builder.bitcast(builder.load(p, align=1), ir.HalfType()), ir.FloatType())
-        h = builder.zext(builder.load(p, align=1), i32)
-        body = builder.shl(builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
-        mag = builder.fmul(builder.bitcast(body, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0 ** 112))
-        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
-        return builder.bitcast(builder.or_(builder.bitcast(mag, i32), sign), ir.FloatType())
+        return emit_half(builder, builder.load(p, align=1))
     return types.float32(W, types.intp), codegen
+
+
+def emit_half(builder, h):
+    """The float32 of the float16 bits h (an i16 value), as half_load computes it."""
+    i32 = ir.IntType(32)
+    if PATH.f16c:                       # one vcvtph2ps: the integer route below is 7 instructions
+        return builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType())
+    h = builder.zext(h, i32)
+    body = builder.shl(builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
+    mag = builder.fmul(builder.bitcast(body, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0 ** 112))
+    sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+    return builder.bitcast(builder.or_(builder.bitcast(mag, i32), sign), ir.FloatType())
 
 
 @intrinsic
