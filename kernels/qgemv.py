@@ -18,6 +18,10 @@ against; bench/bench_qgemv.py), so a caller compiles only the format it is given
 
 ``gemv_rows_serial`` / ``gemv_rows_parallel``: a whole matrix, output rows split into
 near-equal ranges, one per task (the check and the rate: bench/bench_qgemv.py).
+
+A matrix whose dot is "int8" (tblock.formats) is multiplied by kernels.qdot instead: its
+kernels take ``stored_view``'s pair (the rows, DOTS["int8"]), so that the dot, like the
+format, is a type, and a caller compiles only the products it makes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from numba.extending import overload
 
 from .layout import row_piece
 from .options import build, kernel
+from .qdot import gemv_int8
 from .simd import lanes, vfma, vhsum, vload, vsplat
 from .widen import bf16_load, bf16_scalar, half_load, i8_load, nibble_load
 
@@ -160,26 +165,50 @@ def _unpack_row(W, j, d_in, k0, k, out, o, stride):
     return None
 
 
+def rows_product(x, W, j0, j1, bias, y, accumulate):
+    """y[j] (+)= x @ column j of W (+ bias[j]) for j0 <= j < j1: W a stored_view."""
+
+
+@overload(rows_product)
+def _rows_product(x, W, j0, j1, bias, y, accumulate):
+    if isinstance(W, types.Array):
+        def rows(x, W, j0, j1, bias, y, accumulate):
+            for j in range(j0, j1):
+                s = row_dot(x, 0, W, j, x.size, 0, x.size)
+                if bias.size:
+                    s += bias[j]
+                y[j] = y[j] + s if accumulate else s
+        return rows
+    if isinstance(W, types.BaseTuple) and len(W) == 2 and W[1].dtype == types.int8:
+        return lambda x, W, j0, j1, bias, y, accumulate: gemv_int8(
+            x, 0, W[0], (x.size, 0, x.size, j0, j1), bias, y, 0, accumulate)
+    return None
+
+
 def _gemv_rows(x, W, bias, y, accumulate, ntasks):
-    """y[0:d_out] (+)= x @ W (+ bias): x (d_in,) float32, W the stored (d_out, row) array
-    flattened (stored_view), bias (d_out,) or empty, y (d_out,) float32; ntasks ranges
-    of output rows."""
-    d_in = x.size
-    d_out = y.size
+    """y[0:d_out] (+)= x @ W (+ bias): x (d_in,) float32, W a stored_view, bias (d_out,)
+    or empty, y (d_out,) float32; ntasks ranges of output rows."""
     for t in prange(ntasks):
-        j0, j1 = row_piece(t, ntasks, d_out)
-        for j in range(j0, j1):
-            s = row_dot(x, 0, W, j, d_in, 0, d_in)
-            if bias.size:
-                s += bias[j]
-            y[j] = y[j] + s if accumulate else s
+        j0, j1 = row_piece(t, ntasks, y.size)
+        rows_product(x, W, j0, j1, bias, y, accumulate)
 
 
 gemv_rows_serial = build(_gemv_rows, "gemv_rows_serial", readonly=("x", "W", "bias"))
 gemv_rows_parallel = build(_gemv_rows, "gemv_rows_parallel", parallel=True, readonly=("x", "W", "bias"))
 
 
-def stored_view(m) -> np.ndarray:
+# an empty array whose dtype says how products are computed (records.Stored's dot)
+DOTS = {"fp32": np.empty(0, np.float32), "int8": np.empty(0, np.int8)}
+
+
+def stored_data(m) -> np.ndarray:
     """A QuantizedMatrix's data as the flat array these kernels take for its format."""
     flat = m.data.reshape(-1)
     return flat.view(np.int8) if m.format == "int8" else flat
+
+
+def stored_view(m):
+    """What the kernels take for a QuantizedMatrix: stored_data, or with dot "int8" the
+    pair (stored_data, DOTS["int8"])."""
+    dot = getattr(m, "dot", "fp32")
+    return stored_data(m) if dot == "fp32" else (stored_data(m), DOTS[dot])

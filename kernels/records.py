@@ -29,11 +29,13 @@ One head's attention (attention):
 
 A block's weights (wgemm): the flat float array of weight_layout, or
 
-    Stored(f, q, map)        matrices in a stored format (tblock.formats): f the float
+    Stored(f, q, map, dot)   matrices in a stored format (tblock.formats): f the float
                              vectors (weight_layout's first o_qkv elements), q the six
                              stored matrices one after another (its dtype says the
                              format), map (12,) intp: each matrix's offset in the float
-                             layout, then in q
+                             layout, then in q; dot, an empty array whose dtype says how
+                             products are computed: float32 (dot "fp32") or int8 (dot
+                             "int8": inputs rounded to int8 blocks, kernels.qdot)
 
 A block call (stages, block):
 
@@ -58,7 +60,7 @@ Rows = namedtuple("Rows", "off ld")
 Panels = namedtuple("Panels", "off ld k n")
 Tile = namedtuple("Tile", "i0 i1 p0 p1")
 
-Stored = namedtuple("Stored", "f q map")
+Stored = namedtuple("Stored", "f q map dot")
 
 Att = namedtuple("Att", "q0 q1 keys dk causal scale bk")
 KV = namedtuple("KV", "kt v ldv")

@@ -29,6 +29,7 @@ from numba.extending import overload
 
 from .gemm import gemm_block, gemm_panels
 from .options import borrowed, borrowed_at, kernel
+from .qdot import gemv_int8, rounded_rows
 from .qgemv import row_dot, unpack_row
 from .records import Panels, Rows, Stored, Tile
 from .simd import panel_lanes
@@ -60,22 +61,22 @@ def _borrow(W):
     if isinstance(W, types.Array):
         return lambda W: borrowed(W)
     if _is_stored(W):
-        return lambda W: Stored(borrowed(W.f), borrowed(W.q), borrowed(W.map))
+        return lambda W: Stored(borrowed(W.f), borrowed(W.q), borrowed(W.map), W.dot)
     return None
 
 
 def as_weights(W):
     """An entry point's weights argument as the stages take it: a flat float array as it
-    is, the plain tuple (f, q, map) from Python as a Stored (records.py: a plain tuple is
-    what Python hands over cheaply)."""
+    is, the plain tuple (f, q, map, dot) from Python as a Stored (records.py: a plain tuple
+    is what Python hands over cheaply)."""
 
 
 @overload(as_weights, inline="always")
 def _as_weights(W):
     if isinstance(W, types.Array) or _is_stored(W):
         return lambda W: W
-    if isinstance(W, types.BaseTuple) and len(W) == 3:
-        return lambda W: Stored(W[0], W[1], W[2])
+    if isinstance(W, types.BaseTuple) and len(W) == 4:
+        return lambda W: Stored(W[0], W[1], W[2], W[3])
     return None
 
 
@@ -90,7 +91,7 @@ def _weights_at(W, layers, i):
         return lambda W, layers, i: borrowed_at(W, layers[i, 0], W.size)
     if _is_stored(W):
         return lambda W, layers, i: Stored(borrowed_at(W.f, layers[i, 0], W.f.size),
-                                           borrowed_at(W.q, layers[i, 3], W.q.size), W.map)
+                                           borrowed_at(W.q, layers[i, 3], W.q.size), W.map, W.dot)
     return None
 
 
@@ -116,18 +117,28 @@ def wgemm_panels(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_panels with B a matrix of the weights W, as wgemm_block."""
 
 
+def _is_stored_rows(E):
+    """Whether E is a stored matrix's qgemv.stored_view: its rows, or (rows, dot)."""
+    if isinstance(E, types.BaseTuple) and len(E) == 2:
+        return _is_stored_rows(E[0]) and isinstance(E[1], types.Array)
+    return isinstance(E, types.Array) and E.dtype in (types.uint16, types.int8, types.uint8)
+
+
 def as_head(Ep, like):
     """The vocabulary head's weights (kernels.lm_head): float panels as they are, a stored
-    E (rows = tokens: qgemv's layout, as GGUF stores token_embd) as a Stored of one matrix
-    (an empty map: the matrix at 0), its float array ``like``'s empty view."""
+    E (rows = tokens: qgemv's layout, as GGUF stores token_embd; qgemv.stored_view) as a
+    Stored of one matrix (an empty map: the matrix at 0), its float array ``like``'s empty
+    view."""
 
 
 @overload(as_head, inline="always")
 def _as_head(Ep, like):
     if isinstance(Ep, types.Array) and isinstance(Ep.dtype, types.Float):
         return lambda Ep, like: Ep
-    if isinstance(Ep, types.Array) and Ep.dtype in (types.uint16, types.int8, types.uint8):
-        return lambda Ep, like: Stored(like[:0], Ep, np.empty(0, dtype=np.intp))
+    if isinstance(Ep, types.Array) and _is_stored_rows(Ep):
+        return lambda Ep, like: Stored(like[:0], Ep, np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32))
+    if _is_stored_rows(Ep):
+        return lambda Ep, like: Stored(like[:0], Ep[0], np.empty(0, dtype=np.intp), Ep[1])
     return None
 
 
@@ -142,8 +153,10 @@ def _embed_row(E, v, d, out, o):
             for j in range(d):
                 out[o + j] = E[v, j]
         return rows
-    if isinstance(E, types.Array) and E.dtype in (types.uint16, types.int8, types.uint8):
+    if isinstance(E, types.Array) and _is_stored_rows(E):
         return lambda E, v, d, out, o: unpack_row(E, v, d, 0, d, out, o, 1)
+    if _is_stored_rows(E):              # the embedding is the stored value, whatever the dot
+        return lambda E, v, d, out, o: unpack_row(E[0], v, d, 0, d, out, o, 1)
     return None
 
 
@@ -161,10 +174,48 @@ def stored_band(map_, off, ld, NR):
     return map_[6 + m], ld // NR, (off - map_[m]) // NR
 
 
+def row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
+    """C[c_off + j] (+)= [bias[j] +] A[a_off : a_off + k] . inputs k0 : k0 + k of stored row j
+    of Wq, j0 <= j < j1 (band = (d_in, k0, k, j0, j1)), as ``dot`` (Stored's) says."""
+
+
+@overload(row_products)
+def _row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
+    if dot.dtype == types.int8:
+        return lambda A, a_off, Wq, dot, band, bias, C, c_off, accumulate: gemv_int8(
+            A, a_off, Wq, band, bias, C, c_off, accumulate)
+
+    def rows(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
+        d_in, k0, k, j0, j1 = band
+        for j in range(j0, j1):
+            s = row_dot(A, a_off, Wq, j, d_in, k0, k)
+            if bias.size:
+                s += bias[j]
+            C[c_off + j] = C[c_off + j] + s if accumulate else s
+    return rows
+
+
+def rows_as_dot(A, a, i0, i1, k, dot):
+    """(A, a) as a many-row product with ``dot`` takes rows i0:i1 of A's k columns (a:
+    Rows): as they are, or rounded to int8 blocks into a new array (qdot.rounded_rows)."""
+
+
+@overload(rows_as_dot)
+def _rows_as_dot(A, a, i0, i1, k, dot):
+    if dot.dtype == types.int8:
+        def rounded(A, a, i0, i1, k, dot):
+            out = np.empty((i1 - i0) * k, dtype=np.float32)
+            rounded_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
+            return out, Rows(-i0 * k, k)        # row i at (i - i0) * k
+        return rounded
+    return lambda A, a, i0, i1, k, dot: (A, a)
+
+
 @kernel(readonly=("A",), internal=True)
 def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
     """C[tile] (+)= [bias +] A[rows of tile, 0:b.k] @ B, B the band of stored rows that b
-    names (module docstring); the bias of column j at W.f[bias_off + j]."""
+    names (module docstring), products as W.dot says; the bias of column j at
+    W.f[bias_off + j]."""
     f = W.f
     NR = panel_lanes(f)
     q0, d_in, k0 = stored_band(W.map, b.off, b.ld, NR)
@@ -172,16 +223,13 @@ def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
     i0, i1, p0, p1 = tile
     j0, j1 = p0 * NR, min(p1 * NR, b.n)
     if i1 - i0 == 1:
-        a_off = a.off + i0 * a.ld
-        c_off = c.off + i0 * c.ld
-        for j in range(j0, j1):
-            s = row_dot(A, a_off, Wq, j, d_in, k0, b.k)
-            if bias_off >= 0:
-                s += f[bias_off + j]
-            C[c_off + j] = C[c_off + j] + s if accumulate else s
+        bias = f[bias_off:] if bias_off >= 0 else f[:0]
+        row_products(A, a.off + i0 * a.ld, Wq, W.dot, (d_in, k0, b.k, j0, j1), bias, C, c.off + i0 * c.ld,
+                     accumulate)
         return
     npn = p1 - p0
     k = b.k
+    Ax, ax = rows_as_dot(A, a, i0, i1, k, W.dot)
     Bs = np.zeros(npn * k * NR + npn * NR, dtype=f.dtype)   # the panels, then their bias row
     for j in range(j0, j1):
         p = j // NR - p0
@@ -190,7 +238,7 @@ def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
     if bias_off >= 0:
         bias = npn * k * NR
         Bs[bias:bias + npn * NR] = f[bias_off + j0:bias_off + j0 + npn * NR]
-    gemm_panels(A, a, Bs, Panels(0, k * NR, k, b.n - j0), C, Rows(c.off + j0, c.ld),
+    gemm_panels(Ax, ax, Bs, Panels(0, k * NR, k, b.n - j0), C, Rows(c.off + j0, c.ld),
                 Tile(i0, i1, 0, npn), accumulate, bias)
 
 

@@ -15,7 +15,7 @@ from ...counting import flops
 from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.gemm import pack_b, packed_size, panel_width
 from ...kernels.layout import bias_len, packed_len, weight_layout
-from ...kernels.qgemv import stored_view
+from ...kernels.qgemv import DOTS, stored_data
 from ...kernels.wgemm import stored_map
 
 PACKED = "numba-packed"     # the key of the packed buffer in a BlockWeights' prepared_state
@@ -32,7 +32,7 @@ def aligned_empty(n: int, dtype) -> np.ndarray:
 
 def packed(weights, dtype):
     """The packed weights of ``dtype``, built once per BlockWeights: one flat array, or for
-    stored matrices (bf16, int8, int4) the tuple (f, q, map) of kernels.wgemm (float32)."""
+    stored matrices (bf16, int8, int4) the tuple (f, q, map, dot) of kernels.wgemm (float32)."""
     dtype = np.dtype(dtype)
     if weights.quantized:
         return weights.prepared((PACKED, "stored"), pack_stored)
@@ -49,9 +49,10 @@ def packed_addresses(weights, dtype) -> tuple[int, int]:
 
 
 def pack_stored(weights) -> tuple:
-    """(f, q, map) for weights whose matrices are stored (kernels.wgemm): f the float32
+    """(f, q, map, dot) for weights whose matrices are stored (kernels.wgemm): f the float32
     vectors of weight_layout, q the six stored matrices one after another, as the
-    kernels read them (qgemv.stored_view), map their offsets (wgemm.stored_map)."""
+    kernels read them (qgemv.stored_data), map their offsets (wgemm.stored_map), dot the
+    marker of how products are computed (qgemv.DOTS)."""
     d, dff = weights.w_ff1.shape
     NR = panel_width(np.float32)
     layout = weight_layout(d, dff, NR)
@@ -59,13 +60,13 @@ def pack_stored(weights) -> tuple:
     pack_vectors(weights, np.float32, f, layout)
     f.flags.writeable = False
     names = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
-    views = [stored_view(getattr(weights, n)) for n in names]
+    views = [stored_data(getattr(weights, n)) for n in names]
     q = aligned_empty(sum(v.size for v in views), views[0].dtype)
     q[:] = np.concatenate(views)
     q.flags.writeable = False
     m = stored_map(d, dff, NR, weights.format, layout)
     m.flags.writeable = False
-    return f, q, m
+    return f, q, m, DOTS[getattr(weights, "dot", "fp32")]
 
 
 def pack_weights(weights, dtype) -> np.ndarray:
