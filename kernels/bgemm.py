@@ -5,7 +5,7 @@ it: vdpbf16ps multiplies pairs of bf16 and adds both products to a float32 lane,
 multiply-adds per zmm instruction where an fp32 FMA does 16.  Its inputs are rounded:
 
     A    each float32 rounded to bf16, to nearest even; a float32 subnormal becomes +-0
-         (as vcvtneps2bf16 does) and a NaN stays a NaN
+         and a NaN stays a NaN (as vcvtne2ps2bf16 rounds, which does it where it exists)
     W    the stored bf16 (tblock.formats), a bf16 subnormal taken as +-0 (vdpbf16ps
          reads its inputs so: DAZ); pack_bf16_panels flushes them, so every path sees it
 
@@ -21,14 +21,22 @@ Layout (records: Rows, Panels, Tile, in uint32 units for the packed operands)
     (gemm.panel_width(float32): a Tile's panels are the same columns in both); panel p
     holds pair rows r = 0 .. ceil(K/2) - 1, each NR uint32 of (W[2r, j] | W[2r+1, j] << 16),
     zero past K and past N; a band of k rows starts at an even k.
-  * A: each task rounds its rows into a scratch of bf16 pairs (pack_pairs), one uint32 per
-    (row, k pair), rows of whole vectors: the micro-kernel broadcasts one pair per row.
+  * A: rounded into a scratch of bf16 pairs (pack_pairs), one uint32 per (row, k pair),
+    rows of whole vectors (pair_stride): the micro-kernel broadcasts one pair per row.
+    bgemm_rows rounds all rows once; bgemm_panels, a task's rows for itself.
   * C, bias: float32; only the valid m x n corner of a micro-tile is written; the bias is
     read as whole panels (padded as layout.bias_len pads it).
 
 The micro-kernel keeps MR x NV vectors of C in registers, as gemm.py's (6 x 4 zmm on
 avx512): per k pair it loads one pair row of the panel (NV vectors) and broadcasts MR
 pairs of A into MR x NV vdpbf16ps.
+
+    pack_bf16_panels, bf16_packed_size   W's packed form (a prepare step, numpy)
+    pair_stride, pack_pairs              A's rows as pairs
+    bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off)   a task, A in pairs
+    bgemm_panels(A, a, Bp, b, C, c, tile, accumulate, bias, bias_off)     a task, A float32
+    bgemm_rows                           a whole product on nthr threads
+    bgemm                                the same from Python, with its arguments checked
 """
 
 from __future__ import annotations
