@@ -14,6 +14,10 @@ the last term for vdpbf16ps's flushes of subnormal intermediate sums.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -246,3 +250,45 @@ def test_bf16_dot_where_the_target_has_it():
     assert not bf16_dot_target("avx2", "+avx2,+avx512bf16")
     if isa.PATH.name != "avx512":
         assert not BF16_DOT
+
+
+# a child on another path: A @ W of the .npy files argv[1], argv[2] into argv[3]
+_CHILD = """
+import sys
+import numpy as np
+from tblock.formats import quantize_matrix
+from tblock.kernels.bgemm import bf16_packed_size, bgemm, pack_bf16_panels
+A, W = np.load(sys.argv[1]), np.load(sys.argv[2])
+q = quantize_matrix(W, "bf16")
+Bp = np.zeros(bf16_packed_size(*W.shape), np.uint32)
+pack_bf16_panels(q.data, Bp)
+C = np.empty((A.shape[0], W.shape[1]), np.float32)
+bgemm(A, Bp, W.shape[0], W.shape[1], C)
+np.save(sys.argv[3], C)
+"""
+
+
+@pytest.mark.subprocess
+def test_every_path_gives_the_same_bits(tmp_path):
+    """vdpbf16ps and the widened FMAs of the other paths sum in the same order with the
+    same roundings: the same float32 bits (no sum here comes near the subnormals)."""
+    others = [p for p in isa.PATH.runnable if p != isa.PATH.name]
+    if not others:
+        pytest.skip(f"this machine runs only the {isa.PATH.name} path")
+    rng = np.random.default_rng(11)
+    A = (rng.standard_normal((19, 301)) * np.exp(rng.uniform(-6, 6, (19, 301)))).astype(np.float32)
+    W = (rng.standard_normal((301, 150)) * np.exp(rng.uniform(-6, 6, (301, 150)))).astype(np.float32)
+    np.save(tmp_path / "a.npy", A)
+    np.save(tmp_path / "w.npy", W)
+    q, Bp = packed(W)
+    here = np.empty((19, 150), np.float32)
+    bgemm(A, Bp, 301, 150, here)
+    for path in others:
+        out = tmp_path / f"{path}.npy"
+        env = {**os.environ, "TBLOCK_ISA": path}
+        env.pop("NUMBA_CPU_NAME", None)
+        env.pop("NUMBA_CPU_FEATURES", None)
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "a.npy"), str(tmp_path / "w.npy"), str(out)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        np.testing.assert_array_equal(np.load(out).view(np.uint32), here.view(np.uint32), err_msg=path)
