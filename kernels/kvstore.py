@@ -256,19 +256,24 @@ def stored_rows(X, q, cache, kv, bh, att, work, o):
 @kernel(internal=True)
 def _pv(S, V, kv, k0, kn, dk, O, ob):
     """O[ob : ob + dk] += sum_j S[j] V[k0 + j] over the kn stored rows of keys k0.. (kv:
-    the head's rows, kv.ldv apart): two chains (even and odd keys), as flash_rows's
-    one-query tile.  A row's W-wide loads stay inside it (ldv: d_k rounded up to 16)."""
+    the head's rows, kv.ldv apart), W columns at a time: four chains of FMAs (keys j mod
+    4), each waiting on its own latency only.  A row's W-wide loads stay inside it (ldv:
+    d_k rounded up to 16)."""
     W = lanes(O)
     ldv = kv.ldv
     vb = kv.v + k0 * ldv
+    n4 = kn // 4 * 4
     for c in range(0, dk, W):
-        o0 = o1 = vsplat(O, 0.0)
-        for j in range(0, kn - 1, 2):
+        o0 = o1 = o2 = o3 = vsplat(O, 0.0)
+        for j in range(0, n4, 4):
+            r = vb + j * ldv + c
+            o0 = vfma(vsplat(O, S[j]), vwiden(V, r), o0)
+            o1 = vfma(vsplat(O, S[j + 1]), vwiden(V, r + ldv), o1)
+            o2 = vfma(vsplat(O, S[j + 2]), vwiden(V, r + 2 * ldv), o2)
+            o3 = vfma(vsplat(O, S[j + 3]), vwiden(V, r + 3 * ldv), o3)
+        for j in range(n4, kn):
             o0 = vfma(vsplat(O, S[j]), vwiden(V, vb + j * ldv + c), o0)
-            o1 = vfma(vsplat(O, S[j + 1]), vwiden(V, vb + (j + 1) * ldv + c), o1)
-        if kn % 2:
-            o0 = vfma(vsplat(O, S[kn - 1]), vwiden(V, vb + (kn - 1) * ldv + c), o0)
-        vstore(O, ob + c, vadd(vload(O, ob + c), vadd(o0, o1)))
+        vstore(O, ob + c, vadd(vload(O, ob + c), vadd(vadd(o0, o1), vadd(o2, o3))))
 
 
 # ----------------------------------------------------------------------------- dispatch

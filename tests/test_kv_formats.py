@@ -11,6 +11,8 @@ and then within LOOSE, with at most a few such values.  The rounded caches again
 fp32 cache: within AGAINST_FP32 (about twice the largest seen over these draws).
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,7 +23,7 @@ from tblock import GPT2
 from tblock.kvcache import KV_FORMATS, KVCache, kv_bytes_per_token
 from tblock.models.gpt2 import GPT2Config
 
-from conftest import random_weights, rel_err
+from conftest import cli_run, random_weights, rel_err
 
 pytestmark = pytest.mark.isa
 
@@ -261,6 +263,22 @@ def test_the_model_decodes_through_a_rounded_cache(fmt):
     assert rel_err(np.stack(got), np.stack(want)) <= (TIGHT if apart == 0 else LOOSE), apart
     out = model.generate(ids[0], 4, temperature=0, cache_format=fmt)
     assert out.shape == (9,) and np.array_equal(out[:5], ids[0])
+
+
+def test_cli_generate_cache(capsys):
+    """tblock generate --cache: the ids are the Python API's with that cache format; a bad
+    choice is argparse's refusal."""
+    ckpt = Path(__file__).resolve().parent / "data" / "tiny_gpt2"
+    for fmt in STORED:
+        code, out, err = cli_run(capsys, "generate", ckpt, "--ids", 100, 101, 102, "-n", 8, "--temperature", 0,
+                                 "--cache", fmt)
+        assert code == 0, err
+        expected = GPT2.from_pretrained(ckpt).generate([100, 101, 102], 8, temperature=0, cache_format=fmt)
+        assert out.split() == [str(i) for i in expected] and f"cache {fmt}" in err
+    from tblock.cli import main
+    with pytest.raises(SystemExit):
+        main(["generate", str(ckpt), "--ids", "1", "--cache", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
 
 
 def test_bytes_per_token_counts_the_cache_format():
