@@ -284,7 +284,9 @@ def micro_kernel(Ap, a, Bp, b, C, c, mnk, accumulate, bias, bias_off):
     """C[0:m, 0:n] (+)= [bias +] the rows of pairs Ap (a: Rows) @ the pair rows of a panel
     (b: Rows, ld = NR) over kp pairs, mnk = (m, n, kp), m <= MR, n <= NR; with bias_off >= 0
     the sums start from bias[bias_off : bias_off + NR].  Rows past m repeat row 0 and are
-    never stored; one row has a loop of its own (a decode step's GEMV)."""
+    never stored; one row has a loop of its own (a decode step's GEMV), and two to four
+    rows another (the last row tile of 64 or 128 rows), so that no dots go to rows that
+    are never stored; every loop's sums are the six-row loop's, in the same order."""
     m, n, KP = mnk
     a_off, a_rs = a
     b_off, ldb = b
@@ -298,6 +300,21 @@ def micro_kernel(Ap, a, Bp, b, C, c, mnk, accumulate, bias, bias_off):
     a1 = a_off + a_rs
     a2 = a_off + (2 * a_rs if m > 2 else 0)
     a3 = a_off + (3 * a_rs if m > 3 else 0)
+    if m <= 4:
+        c1 = c2 = c3 = c0
+        for k in range(KP):
+            bk = pair_load(Bp, b_off + k * ldb)
+            c0 = pair_dot(c0, bk, Ap, a_off + k)
+            c1 = pair_dot(c1, bk, Ap, a1 + k)
+            c2 = pair_dot(c2, bk, Ap, a2 + k)
+            c3 = pair_dot(c3, bk, Ap, a3 + k)
+        _put_row(C, c_off, n, accumulate, c0)
+        _put_row(C, c_off + ldc, n, accumulate, c1)
+        if m > 2:
+            _put_row(C, c_off + 2 * ldc, n, accumulate, c2)
+        if m > 3:
+            _put_row(C, c_off + 3 * ldc, n, accumulate, c3)
+        return
     a4 = a_off + (4 * a_rs if m > 4 else 0)
     a5 = a_off + (5 * a_rs if m > 5 else 0)
     c1 = c2 = c3 = c4 = c5 = c0

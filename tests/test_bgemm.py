@@ -128,7 +128,7 @@ def test_pack_layout_pairs_k_rows():
                 assert Bp[(p * Kp + r) * NR + j] == lo | (hi << 16)
 
 
-@pytest.mark.parametrize("M", [1, 2, 6, 15, 17])
+@pytest.mark.parametrize("M", [1, 2, 6, 10, 15, 17])
 @pytest.mark.parametrize("K", [1, 2, 31, 33, 129])
 @pytest.mark.parametrize("N", [1, 17, NR, 2 * NR + 5])
 def test_edge_shapes(M, K, N):
