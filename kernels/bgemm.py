@@ -202,7 +202,8 @@ def _pairs_of(builder, lo, hi):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
         return builder.bitcast(builder.call(fn, [hi, lo]), i32)       # its first operand fills the top half
     i16 = ir.VectorType(ir.IntType(16), n)
-    both = _concat(builder, [builder.trunc(_round_bf16(builder, lo), i16), builder.trunc(_round_bf16(builder, hi), i16)])
+    halves = [builder.trunc(_round_bf16(builder, v), i16) for v in (lo, hi)]
+    both = _concat(builder, halves)
     return builder.bitcast(both, i32)
 
 
@@ -357,7 +358,8 @@ def bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off):
             bo = bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1
             pb = Rows(b.off + p * b.ld + kc0 * NR, NR)
             for i in range(i0, i1, MR):
-                micro_kernel(Ap, Rows(ap.off + i * ap.ld + kc0, ap.ld), Bp, pb, C, Rows(c.off + i * c.ld + p * NR, c.ld),
+                micro_kernel(Ap, Rows(ap.off + i * ap.ld + kc0, ap.ld), Bp, pb, C,
+                             Rows(c.off + i * c.ld + p * NR, c.ld),
                              (min(MR, i1 - i), n, min(KCP, KP - kc0)), acc, bias, bo)
 
 
@@ -378,8 +380,8 @@ def bgemm_rows(A, a, Bp, b, C, c, rows, accumulate, bias, nthr):
     """C[0:rows] (+)= [bias +] bf16(A[0:rows]) @ B on nthr threads: A's rows rounded to
     pairs once, a share a thread, then the tasks of the block's QKV and W_O stages
     (layout.stage_grid; with few rows, one column panel each, all reading every row).
-    bias: float32 of whole panels (N rounded up to NR), empty for none.  a, b, c: plain tuples of Rows' and Panels' fields
-    (records.py: what Python passes)."""
+    bias: float32 of whole panels (N rounded up to NR), empty for none.  a, b, c: plain
+    tuples of Rows' and Panels' fields (records.py: what Python passes)."""
     a, b, c = Rows(a[0], a[1]), Panels(b[0], b[1], b[2], b[3]), Rows(c[0], c[1])
     ldp = pair_stride(b.k)
     Ap = np.empty(rows * ldp, dtype=np.uint32)
