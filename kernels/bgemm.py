@@ -85,6 +85,9 @@ def _target_features() -> str:
 
 
 BF16_DOT = bf16_dot_target(PATH.name, _target_features())
+# rows per micro-tile: MR with vdpbf16ps; 4 where a pair row is widened into two float32
+# rows, which take twice the registers (six rows spilled)
+ROWS = MR if BF16_DOT else 4
 
 
 # ----------------------------------------------------------------------------- intrinsics
@@ -357,10 +360,10 @@ def bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off):
             acc = accumulate or kc0 > 0
             bo = bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1
             pb = Rows(b.off + p * b.ld + kc0 * NR, NR)
-            for i in range(i0, i1, MR):
+            for i in range(i0, i1, ROWS):
                 micro_kernel(Ap, Rows(ap.off + i * ap.ld + kc0, ap.ld), Bp, pb, C,
                              Rows(c.off + i * c.ld + p * NR, c.ld),
-                             (min(MR, i1 - i), n, min(KCP, KP - kc0)), acc, bias, bo)
+                             (min(ROWS, i1 - i), n, min(KCP, KP - kc0)), acc, bias, bo)
 
 
 @kernel(readonly=("A", "Bp", "bias"), standalone=True)

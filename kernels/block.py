@@ -65,9 +65,9 @@ from .layout import ceil_div, panels, rows_per_task, stage_grid, take, take_f64,
 from .options import borrowed, borrowed_at, build, claim, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch
 from .simd import panel_lanes
-from .kvstore import attend_cache, cache_first, cache_new_rows
-from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, ffn_down_task,
-                     ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
+from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, cache_packed_task,
+                     cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece,
+                     out_proj_task, pack_head, qkv_task)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
 from .wgemm import as_weights, borrow, floats, weights_at
@@ -88,11 +88,10 @@ def attention_core(qkv, T, d, n_heads, causal):
             attention_direct_task(qkv, dims, t, srow)
         return
     kt, vp = attention_buffers(qkv, nseq, T, d, n_heads)
-    no_scales = np.empty(0, dtype=np.float32)
     for t in prange(nbh):
         pack_head(qkv, T, d, n_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
-        attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T, no_scales, no_scales), kt[:0], 0)
+        attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T), kt[:0], 0)
 
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
@@ -148,20 +147,19 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
     elif stage == QKV:
         qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(floats(Wf)))), bufs)
     elif stage == CACHE_NEW:
-        cache_new_rows(bufs.q, dims, t, cache)
+        cache_rows_task(bufs.q, dims, t, cache)
     elif stage == ATTEND_CACHED:
         if dims.T <= BQ:            # one query tile: the task's own head, appended before it is read
-            cache_new_rows(bufs.q, dims, t, cache)
-        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
+            cache_rows_task(bufs.q, dims, t, cache)
+        attention_task(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
     elif stage == ATTEND_DIRECT:
         if cache.past == 0:
-            cache_new_rows(bufs.q, dims, t, cache)
+            cache_rows_task(bufs.q, dims, t, cache)
         attention_direct_task(bufs.q, dims, t, bufs.srow)
     elif stage == ATTEND:
-        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T, cache.ks, cache.vs), bufs.work,
-                       bufs.w_pos)
+        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
     else:
-        cache_first(bufs.kt, bufs.vp, dims, t, cache)
+        cache_packed_task(bufs.kt, bufs.vp, dims, t, cache)
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
@@ -213,10 +211,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     NR = panel_lanes(floats(Wf))
     rows = H.size // d
     nseq = rows // T
-    # the new rows attend over cached tokens too; through a stored cache (bf16, int8: its
-    # arrays are not float) every call does, a first chunk included: it reads its own
-    # keys and values rounded, from the cache (kernels.kvstore)
-    extend = past > 0 or (past == 0 and cache.K.itemsize < 4)
+    extend = past > 0                   # the new rows attend over cached tokens too
     direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
     arena = work.size > 0
     pos = 0
@@ -272,7 +267,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
                     borrowed(work), a_pos)
-    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T, borrowed(cache.ks), borrowed(cache.vs))
+    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T)
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
@@ -394,9 +389,7 @@ def block_parallel(H3, Wf, cfg, nthr):
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
-    no_scales = np.empty(0, dtype=np.float32)
-    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0, no_scales, no_scales), Scratch(plan, none, 0, none),
-                              nthr), -1
+    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0), Scratch(plan, none, 0, none), nthr), -1
 
 
 @kernel
@@ -414,11 +407,9 @@ def block_serial(H3, Wf, out3, cfg, nthr):
     nothing = borrowed(none)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
     Wf = as_weights(Wf)
-    no_scales = np.empty(0, dtype=np.float32)
-    s0 = borrowed(no_scales)
-    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0, s0, s0),
+    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0),
                      Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size)), nthr)
-    keep_alive(H, Wf, none, plan, out3, no_scales)
+    keep_alive(H, Wf, none, plan, out3)
     return -1
 
 
@@ -429,30 +420,29 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     and as many blocks as the cache's table holds: (H_out, -1), or (an empty array, i)
     when the input of block i holds a NaN or an Inf.
 
-    cache = (K, V, past, max_T, layers, plan, work, ks, vs).  K, V: the cache's flat keys
-    and values (K^T panels and V rows per head, for max_T tokens, in its format, and int8's
-    scales ks, vs, empty otherwise: tblock.KVCache), holding
+    cache = (K, V, past, max_T, layers, plan, work).  K, V: the cache's flat keys and
+    values (K^T panels and V rows per head, for max_T tokens: tblock.KVCache), holding
     tokens 0..past-1; H3's rows (B, T, d) are tokens past..past+T-1, their keys and values
     are written there, and with past > 0 they attend over the cached tokens too, with the
     same flash kernel.
 
-    layers: (n, 6) addresses of the flat weights, K, V, stored matrices (wgemm; 0 for
-    float weights), ks and vs of n blocks of this config (each array the size of block 0's), run one after another in this call, each on the previous
+    layers: (n, 4) addresses of the flat weights, K, V and stored matrices (wgemm; 0 for
+    float weights) of n blocks of this config (each array the size of block 0's), run one after another in this call, each on the previous
     one's output: a stack with its caches (tblock.Stack), where a decode step's blocks
-    would otherwise each cross from Python into Numba.  (0, 6): the one block of Wf, K, V.
+    would otherwise each cross from Python into Numba.  (0, 4): the one block of Wf, K, V.
 
     plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan.  work: a buffer for all
     other scratch (work_len; a KVCache's), used when it is large enough for this call (a
     decode step): the call then allocates nothing, and H_out is one of its two output
     buffers.  Empty: every buffer new."""
-    K, V, past, max_T, layers, plan, work, ks, vs = cache
+    K, V, past, max_T, layers, plan, work = cache
     H = H3.reshape(H3.size)
     Wf = as_weights(Wf)
     dims = Dims(H3.shape[1], H3.shape[2], *cfg)
     T, d = dims.T, dims.d
     nblocks = max(1, layers.shape[0])
     d_k = d // dims.n_heads
-    few_keys = past > 0 or K.itemsize < 4 or T * T * d_k <= DIRECT_MAX       # a stored cache: always
+    few_keys = past > 0 or T * T * d_k <= DIRECT_MAX
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
                                                                  max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers
@@ -461,13 +451,11 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
             W = weights_at(Wf, layers, blk)
             Kb = borrowed_at(K, layers[blk, 1], K.size)
             Vb = borrowed_at(V, layers[blk, 2], V.size)
-            ksb, vsb = borrowed_at(ks, layers[blk, 4], ks.size), borrowed_at(vs, layers[blk, 5], vs.size)
         else:
-            W, Kb, Vb, ksb, vsb = borrow(Wf), borrowed(K), borrowed(V), borrowed(ks), borrowed(vs)
+            W, Kb, Vb = borrow(Wf), borrowed(K), borrowed(V)
         if not all_finite_flat(H):         # as in block_parallel
             break
-        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T, ksb, vsb), Scratch(plan, work, blk % 2, work[:0]),
-                         nthr)
+        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0]), nthr)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input

@@ -317,7 +317,7 @@ def attention_task(q, ldq, dims, t, kv, work, w_pos):
     different heads would compete for it (docs/perf-log.md).  Scratch: task t's
     attention_work at w_pos + t times that of a tile of min(T, BQ) queries in ``work``, or
     new arrays (work empty)."""
-    kt, vp, past, max_T = kv.K, kv.V, kv.past, kv.max_T
+    kt, vp, past, max_T = kv
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     NR = panel_lanes(kt)
     dk = d // n_heads
@@ -368,7 +368,7 @@ def cache_rows_task(qkv, dims, t, cache):
     b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
     past..past+T-1: K^T panels (head after head, kt_len(max_T) apart) and V rows of
     v_stride (max_T rows a head), the layouts attention_task reads."""
-    Kc, Vc, past, max_T = cache.K, cache.V, cache.past, cache.max_T
+    Kc, Vc, past, max_T = cache
     T, d = dims.T, dims.d
     NR = panel_lanes(Kc)
     W = lanes(Kc)
@@ -394,7 +394,7 @@ def cache_packed_task(kt, vp, dims, t, cache):
     """Task t's keys and values of a first chunk, packed by stage 1 (attention_buffers:
     the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
     contiguous copies."""
-    Kc, Vc, max_T = cache.K, cache.V, cache.max_T
+    Kc, Vc, _, max_T = cache
     T = dims.T
     NR = panel_lanes(kt)
     W = lanes(Kc)

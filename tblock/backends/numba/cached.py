@@ -23,7 +23,7 @@ from .packing import cached_flops, make_plan, packed_addresses, plan_of
 from .parallel import is_serial, parallel_call
 
 # the table of blocks a call runs (kernels.block's ``layers``): none but the one it is given
-ONE_BLOCK = np.empty((0, 6), dtype=np.intp)
+ONE_BLOCK = np.empty((0, 4), dtype=np.intp)
 
 
 def forward_cached(H, weights, cfg, cache):
@@ -46,26 +46,21 @@ def forward_stack_cached(H, weights, cfg, caches, fresh=True):
 
 
 def layers_table(weights, caches, dtype) -> np.ndarray:
-    """(n, 6) intp: the data addresses of block i's packed weights, K, V, its stored
-    matrices (0 for float weights) and its cache's int8 scales K_scales, V_scales, through
-    which the compiled block reaches a stack's arrays (kernels.block's ``layers``)."""
+    """(n, 4) intp: the data addresses of block i's packed weights, K, V and its stored
+    matrices (0 for float weights), through which the compiled block reaches a stack's
+    arrays (kernels.block's ``layers``)."""
     rows = []
     for w, c in zip(weights, caches):
         f, q = packed_addresses(w, dtype)
-        rows.append((f,) + c.addresses() + (q,) + c.scale_addresses())
+        rows.append((f,) + c.addresses() + (q,))
     return np.array(rows, dtype=np.intp)
 
 
 def cache_args(cache, layers):
     """The cached block's cache argument (kernels.block._cached's): K, V, past, max_T, the
-    table of blocks, room for the stage plan, the work buffer, int8's scales (K, V)."""
+    table of blocks, room for the stage plan, the work buffer."""
     return (cache.K.reshape(-1), cache.V.reshape(-1), cache.length, cache.max_T, layers,
-            np.empty((PLAN_ROWS, PLAN_COLS), np.intp), cache.work) + scales(cache)
-
-
-def scales(cache) -> tuple:
-    """The cache's int8 scales (K_scales, V_scales) flat; empty arrays in another format."""
-    return cache.K_scales.reshape(-1), cache.V_scales.reshape(-1)
+            np.empty((PLAN_ROWS, PLAN_COLS), np.intp), cache.work)
 
 
 def run_cached(H, weights, cfg, cache, layers, fresh):
@@ -160,7 +155,7 @@ class DecodeStep:
         # sized as run_cached and lm_head size their calls: the same builds, the same sums
         stack = not is_serial(cached_flops(self.batch, 1, past, self.per_row, self.per_key))
         head = self.head_parallel and _runtime.parallel_allowed()
-        cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,) + scales(c0)
+        cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
         args = (self._embed,) + self._stack + (cache, self._head, logits, (stack, head))
         if stack or head:
             return parallel_call(decode_step, *args, pass_threads=True)
