@@ -237,7 +237,13 @@ def pack_bf16_panels(W16: np.ndarray, out: np.ndarray) -> None:
     """Write the bf16 matrix W (K, N), given as tblock.formats stores it (uint16 rows of
     W^T: W16 (N, K)), into the flat uint32 ``out`` (bf16_packed_size(K, N) elements or
     more) as pair panels (module docstring); subnormals become +-0."""
+    if not isinstance(W16, np.ndarray) or W16.dtype != np.uint16 or W16.ndim != 2 or 0 in W16.shape:
+        got = f"{W16.dtype} {W16.shape}" if isinstance(W16, np.ndarray) else type(W16).__name__
+        raise ValueError(f"W16 must be a non-empty 2-D uint16 array (bf16 rows, (N, K)), got {got}")
     N, K = W16.shape
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or out.size < bf16_packed_size(K, N):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out must be 1-D uint32 of at least {bf16_packed_size(K, N)} elements, got {got}")
     Kp, NP = -(-K // 2), -(-N // NR)
     W = np.zeros((NP * NR, 2 * Kp), np.uint32)
     W[:N, :K] = W16

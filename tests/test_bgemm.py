@@ -201,18 +201,20 @@ def test_subnormal_weights_count_as_zero():
 @pytest.mark.parametrize("k0, kb", [(0, 128), (128, 200), (300, 33), (2, 1)])
 def test_panels_band_and_tile(k0, kb):
     """bgemm_panels on a band of k rows (an even k0) of a taller packed W, its panel stride
-    the whole matrix's, over a sub-tile of rows and panels: nothing outside written."""
+    the whole matrix's, over a sub-tile of rows and panels, the bias at an offset of a
+    float array (as wgemm would pass a block's): nothing outside the tile written."""
     rng = np.random.default_rng(k0 + kb)
     Kfull, N, M = 333, 3 * NR - 9, 20
     q, Bp = packed(rng.standard_normal((Kfull, N)).astype(np.float32))
     A = rng.standard_normal((M, kb + 2)).astype(np.float32)
-    bias = np.zeros(3 * NR, np.float32)
-    bias[:N] = rng.standard_normal(N)
+    f = rng.standard_normal(40 + 3 * NR).astype(np.float32)     # the bias at 40 of a float array, as
+    f[40 + N:] = 0                                                # a block's (whole panels, zero-padded)
+    bias = f[40:]
     C = rng.standard_normal((M, N)).astype(np.float32)
     want = C.astype(np.float64)
     i0, i1, p0, p1 = 3, 17, 1, 3
     bgemm_panels(A.reshape(-1), Rows(1, kb + 2), Bp, Panels(k0 // 2 * NR, -(-Kfull // 2) * NR, kb, N), C.reshape(-1),
-                 Rows(0, N), Tile(i0, i1, p0, p1), False, bias, 0)
+                 Rows(0, N), Tile(i0, i1, p0, p1), False, f, 40)
     c0 = p0 * NR
     Ar = bf16_of_f32(A[i0:i1, 1:1 + kb])
     Wd = stored_values(q.data)[k0:k0 + kb, c0:]
@@ -239,6 +241,10 @@ def test_bad_input_names_the_argument():
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="C must be writeable"):
         bgemm(A, Bp, 4, 3, frozen)
+    with pytest.raises(ValueError, match="W16 must be a non-empty 2-D uint16"):
+        pack_bf16_panels(np.ones((3, 4), np.float32), Bp)
+    with pytest.raises(ValueError, match="out must be 1-D uint32 of at least"):
+        pack_bf16_panels(np.ones((3, 4), np.uint16), Bp[:1])
     with pytest.raises(ValueError, match="contiguous rows"):
         bgemm(np.ones((2, 8), np.float32)[:, ::2], Bp, 4, 3, C)
 
