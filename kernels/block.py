@@ -65,9 +65,9 @@ from .layout import ceil_div, panels, rows_per_task, stage_grid, take, take_f64,
 from .options import borrowed, borrowed_at, build, claim, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch
 from .simd import panel_lanes
-from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, cache_packed_task,
-                     cache_rows_task, ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece,
-                     out_proj_task, pack_head, qkv_task)
+from .kvstore import attend_cache, cache_first, cache_new_rows
+from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, ffn_down_task,
+                     ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
 from .wgemm import as_weights, borrow, floats, weights_at
@@ -147,19 +147,19 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
     elif stage == QKV:
         qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(floats(Wf)))), bufs)
     elif stage == CACHE_NEW:
-        cache_rows_task(bufs.q, dims, t, cache)
+        cache_new_rows(bufs.q, dims, t, cache)
     elif stage == ATTEND_CACHED:
         if dims.T <= BQ:            # one query tile: the task's own head, appended before it is read
-            cache_rows_task(bufs.q, dims, t, cache)
-        attention_task(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
+            cache_new_rows(bufs.q, dims, t, cache)
+        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
     elif stage == ATTEND_DIRECT:
         if cache.past == 0:
-            cache_rows_task(bufs.q, dims, t, cache)
+            cache_new_rows(bufs.q, dims, t, cache)
         attention_direct_task(bufs.q, dims, t, bufs.srow)
     elif stage == ATTEND:
         attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
     else:
-        cache_packed_task(bufs.kt, bufs.vp, dims, t, cache)
+        cache_first(bufs.kt, bufs.vp, dims, t, cache)
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
@@ -211,7 +211,10 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     NR = panel_lanes(floats(Wf))
     rows = H.size // d
     nseq = rows // T
-    extend = past > 0                   # the new rows attend over cached tokens too
+    # the new rows attend over cached tokens too; through a stored cache (bf16, int8: its
+    # arrays are not float) every call does, a first chunk included: it reads its own
+    # keys and values rounded, from the cache (kernels.kvstore)
+    extend = past > 0 or (past == 0 and cache.K.itemsize < 4)
     direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
     arena = work.size > 0
     pos = 0
@@ -421,7 +424,8 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     when the input of block i holds a NaN or an Inf.
 
     cache = (K, V, past, max_T, layers, plan, work).  K, V: the cache's flat keys and
-    values (K^T panels and V rows per head, for max_T tokens: tblock.KVCache), holding
+    values (K^T panels and V rows per head, for max_T tokens, in the cache's format:
+    tblock.KVCache, kernels.kvstore), holding
     tokens 0..past-1; H3's rows (B, T, d) are tokens past..past+T-1, their keys and values
     are written there, and with past > 0 they attend over the cached tokens too, with the
     same flash kernel.
@@ -442,7 +446,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     T, d = dims.T, dims.d
     nblocks = max(1, layers.shape[0])
     d_k = d // dims.n_heads
-    few_keys = past > 0 or T * T * d_k <= DIRECT_MAX
+    few_keys = past > 0 or K.itemsize < 4 or T * T * d_k <= DIRECT_MAX       # a stored cache: always
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
                                                                  max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers

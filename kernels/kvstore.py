@@ -2,14 +2,15 @@
 and values as a cached call writes them, and attention over the stored bytes.
 
 The cache's arrays say its format, as kernels.widen's do for weights: K and V of float32
-(or float64) for fp32, uint16 for bf16, int8 for int8 with a float32 scale per key in
-``Cache.ks`` and ``Cache.vs``.  Numba compiles per argument type, so the block builds the
-format it is given, and the dispatchers here (cache_new_rows, cache_first, attend_cache)
-send a float cache to kernels.stages' tasks unchanged: an fp32 cache runs the code it ran
-before, bit for bit.
+(or float64) for fp32, uint16 for bf16, int8 for int8.  Numba compiles per argument type,
+so the block builds the format it is given, and the dispatchers here (cache_new_rows,
+cache_first, attend_cache) send a float cache to kernels.stages' tasks unchanged: an fp32
+cache runs the code it ran before, bit for bit.
 
 A stored cache keeps the fp32 cache's K^T panels of NR keys (NR of float32) and V rows of
-d_k rounded up to 16, per (sequence, head).  A cached call with one writes the new rows
+d_k rounded up to 16, per (sequence, head); int8 keeps each float32 scale in the same
+array, beside its values (``extra`` = 4 bytes): a panel's d_k rows of NR bytes are followed
+by its NR keys' scales, a V row by its scale (tblock.kvcache's layout).  A cached call with one writes the new rows
 first, rounded, then attends over the cache (stored_rows): every key and value it reads is
 the stored one, the new tokens' own included.  stored_rows takes its queries one at a
 time; a decode step has one a head, and a prefill through a stored cache pays for the
@@ -26,11 +27,11 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from .attention import LOG2E, softmax_update
-from .layout import ceil_div, kt_len, panels, take, take_f64, up16
+from .layout import ceil_div, panels, take, take_f64, up16
 from .options import kernel
 from .records import KV, Att, FlashWork, Rows
-from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, pload, psplat, pstore,
-                   vadd, vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
+from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, psplat, pstore, vadd,
+                   vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
 from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task
 from .tiles import BK, BQ
 from .widen import bf16_load, i8_load
@@ -78,6 +79,54 @@ def _vwiden(A, i):
     if isinstance(A, types.Array) and A.dtype == types.int8:
         return lambda A, i: i8_load(A, i)
     return None
+
+
+def _byte_ptr(context, builder, arrty, arr, i, vty):
+    """A pointer to a value of LLVM type vty at byte offset i of an integer array's data."""
+    p = builder.bitcast(elem_ptr(context, builder, arrty, arr, ir.Constant(ir.IntType(64), 0)), ir.IntType(8).as_pointer())
+    return builder.bitcast(builder.gep(p, [i]), vty.as_pointer())
+
+
+@intrinsic
+def f32_at(typingctx, A, i):
+    """The float32 at byte offset i of the stored array A (an int8 cache's scale)."""
+    if not is_stored(A) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_byte_ptr(context, builder, sig.args[0], args[0], args[1], ir.FloatType()), align=1)
+    return types.float32(A, types.intp), codegen
+
+
+@intrinsic
+def f32_put(typingctx, A, i, x):
+    """Store the float32 x at byte offset i of the stored array A."""
+    if not is_stored(A) or not isinstance(i, types.Integer) or x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _byte_ptr(context, builder, sig.args[0], args[0], args[1], ir.FloatType()), align=1)
+        return context.get_dummy_value()
+    return types.none(A, types.intp, types.float32), codegen
+
+
+@intrinsic
+def pscales(typingctx, A, i):
+    """The float32 panel vector (NR scales) at byte offset i of the stored array A."""
+    if not is_stored(A) or not isinstance(i, types.Integer):
+        return None
+    vty = ir.VectorType(ir.FloatType(), _PANEL_F32.lanes)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_byte_ptr(context, builder, sig.args[0], args[0], args[1], vty), align=1)
+    return _PANEL_F32(A, types.intp), codegen
+
+
+@kernel(internal=True, inline="always")
+def scale_bytes(A):
+    """The bytes of a scale beside each key and value row of a cache of A's type: 4 for
+    int8, 0 for bf16."""
+    return 4 if A.itemsize == 1 else 0
 
 
 @intrinsic
@@ -144,36 +193,39 @@ def _round_into(src, off, n, dst, d_off, step):
 def stored_rows_task(qkv, dims, t, cache):
     """cache_rows_task for a stored cache: the keys and values of the T new rows of head
     h = t % n_heads of sequence b = t // n_heads, from (B*T, 3d) rows [Q | K | V], rounded
-    into the cache at tokens past..past+T-1 (int8: their scales into cache.ks, cache.vs)."""
-    Kc, Vc, past, max_T, ks, vs = cache
+    into the cache at tokens past..past+T-1 (int8: each row's scale beside it)."""
+    Kc, Vc, past, max_T = cache
     T, d = dims.T, dims.d
-    NR = panel_lanes(ks)
+    NR = panel_lanes(qkv)
+    extra = scale_bytes(Kc)
     dk = d // dims.n_heads
-    ld = 3 * d
-    ldv = up16(dk)
+    kst = (dk + extra) * NR                 # a K^T panel, its scales included
+    ldv = up16(dk) + extra
     b = t // dims.n_heads
     h = t % dims.n_heads
-    kt = t * kt_len(max_T, dk, NR)
     for i in range(T):
-        src = (b * T + i) * ld + h * dk
+        src = (b * T + i) * (3 * d) + h * dk
         p = past + i
-        s = round_into(qkv, src + d, dk, Kc, kt + (p // NR) * dk * NR + p % NR, NR)
-        if ks.size > 0:
-            ks[t * panels(max_T, NR) * NR + p] = s
-        s = round_into(qkv, src + 2 * d, dk, Vc, (t * max_T + p) * ldv, 1)
-        if vs.size > 0:
-            vs[t * max_T + p] = s
+        pan = t * panels(max_T, NR) * kst + (p // NR) * kst
+        s = round_into(qkv, src + d, dk, Kc, pan + p % NR, NR)
+        if extra:
+            f32_put(Kc, pan + dk * NR + 4 * (p % NR), s)
+        row = (t * max_T + p) * ldv
+        s = round_into(qkv, src + 2 * d, dk, Vc, row, 1)
+        if extra:
+            f32_put(Vc, row + up16(dk), s)
 
 
 @kernel(standalone=True, internal=True)
 def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     """attention_task for a stored cache (the same tasks, scratch and numbering): one
     query tile of one head of one sequence, over the cache's keys 0..past+T-1."""
-    past, max_T, ks = cache.past, cache.max_T, cache.ks
+    past, max_T = cache.past, cache.max_T
     T, d, n_heads = dims.T, dims.d, dims.n_heads
-    NR = panel_lanes(ks)
+    NR = panel_lanes(q)
     dk = d // n_heads
-    ldv = up16(dk)
+    extra = scale_bytes(cache.K)
+    ldv = up16(dk) + extra
     nqt = ceil_div(T, BQ)
     bh = t // nqt
     qt = nqt - 1 - t % nqt
@@ -190,29 +242,29 @@ def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     O, pos = take(work, pos, m * panels(dk, NR) * NR)
     mrow, pos = take_f64(work, pos, m)
     lrow, pos = take_f64(work, pos, m)
-    kv = KV(bh * kt_len(max_T, dk, NR), bh * max_T * ldv, ldv)
+    kv = KV(bh * panels(max_T, NR) * (dk + extra) * NR, bh * max_T * ldv, ldv)
     att = Att(past + q0, past + q1, keys, dk, True, 1.0 / np.sqrt(dk), bk)
-    stored_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), cache, kv, bh, att, FlashWork(Qt, S, O, mrow, lrow),
+    stored_rows(q, Rows((b * T - past) * ldq + h * dk, ldq), cache, kv, att, FlashWork(Qt, S, O, mrow, lrow),
                 Rows((b * T + q0) * ldq + h * dk, ldq))
 
 
 @kernel(standalone=True, internal=True)
-def stored_rows(X, q, cache, kv, bh, att, work, o):
-    """The causal attention output of queries att.q0:att.q1 (tokens) of head bh over a
+def stored_rows(X, q, cache, kv, att, work, o):
+    """The causal attention output of queries att.q0:att.q1 (tokens) of one head over a
     stored cache, written to X.flat[o.off + i*o.ld + c] (over the queries' own columns:
     Q is copied out first).  Q[t, c] = X.flat[q.off + t*q.ld + c]; kv: where the head's
-    K^T panels and V rows (kv.ldv apart) start in cache.K, cache.V.  Query t sees keys
+    K^T panels and V rows (kv.ldv apart) start in cache.K, cache.V (int8: the scales
+    beside them, module docstring).  Query t sees keys
     0..t, in tiles of att.bk: scores, softmax_update, O += P V, as flash_rows's one-query
     tiles.  work: FlashWork, O's rows panels(dk, NR) * NR apart."""
     Qt, S, O, mrow, lrow = work
-    K, V, ks, vs = cache.K, cache.V, cache.ks, cache.vs
+    K, V = cache.K, cache.V
     W = lanes(S)
     NR = panel_lanes(S)
     dk, m = att.dk, att.q1 - att.q0
     ldo = panels(dk, NR) * NR
-    step = dk * NR                          # elements of one K^T panel
-    s_off = bh * panels(cache.max_T, NR) * NR   # the head's key scales (int8)
-    v_off = bh * cache.max_T                    # and value scales
+    extra = scale_bytes(K)
+    step = (dk + extra) * NR                # elements of one K^T panel, its scales included
     vc2 = vsplat(S, att.scale * LOG2E)
     zero = vsplat(O, 0.0)
     for i in range(m):
@@ -235,15 +287,16 @@ def stored_rows(X, q, cache, kv, bh, att, work, o):
                     qc = pbcast(Qt, i * dk + c)
                     a0 = vfma(qc, pwiden(K, pb + p * step + c * NR), a0)
                     a1 = vfma(qc, pwiden(K, pb + p2 * step + c * NR), a1)
-                if ks.size > 0:                 # int8: each key's score times its scale
-                    a0 = vmul(a0, pload(ks, s_off + k0 + p * NR))
-                    a1 = vmul(a1, pload(ks, s_off + k0 + p2 * NR))
+                if extra:                       # int8: each key's score times its scale
+                    a0 = vmul(a0, pscales(K, pb + p * step + dk * NR))
+                    a1 = vmul(a1, pscales(K, pb + p2 * step + dk * NR))
                 pstore(S, p * NR, a0)
                 pstore(S, p2 * NR, a1)
             softmax_update(work, 0, kn, kn, i, ldo, vc2, att.scale)
-            if vs.size > 0:                     # int8: P times each value row's scale
-                for j in range(0, kn, W):
-                    vstore_n(S, j, vmul(vload_n(S, j, kn - j), vload_n(vs, v_off + k0 + j, kn - j)), kn - j)
+            if extra:                           # int8: P times each value row's scale
+                vs = kv.v + k0 * kv.ldv + up16(dk)
+                for j in range(kn):
+                    S[j] *= f32_at(V, vs + j * kv.ldv)
             _pv(S, V, kv, k0, kn, dk, O, i * ldo)
     for i in range(m):
         vinv = vsplat(O, 1.0 / lrow[i])
@@ -257,8 +310,8 @@ def stored_rows(X, q, cache, kv, bh, att, work, o):
 def _pv(S, V, kv, k0, kn, dk, O, ob):
     """O[ob : ob + dk] += sum_j S[j] V[k0 + j] over the kn stored rows of keys k0.. (kv:
     the head's rows, kv.ldv apart), W columns at a time: four chains of FMAs (keys j mod
-    4), each waiting on its own latency only.  A row's W-wide loads stay inside it (ldv:
-    d_k rounded up to 16)."""
+    4), each waiting on its own latency only.  A row's W-wide loads stay inside its values
+    (d_k rounded up to 16)."""
     W = lanes(O)
     ldv = kv.ldv
     vb = kv.v + k0 * ldv

@@ -42,11 +42,10 @@ A block call (stages, block):
     Dims(T, d, n_heads, dff, causal, pre_ln, act, eps)   the block's config and the
                              call's sequence length T
     Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
-    Cache(K, V, past, max_T, ks, vs)   the keys and values attention reads: packed K^T
-                             and V for max_T tokens a head, past of them there before
-                             this call; their type says the cache's format (float: fp32;
-                             uint16: bf16; int8: int8, its float32 scales per key in ks and
-                             vs, empty otherwise: kernels.kvstore)
+    Cache(K, V, past, max_T) the keys and values attention reads: packed K^T and V for
+                             max_T tokens a head, past of them there before this call;
+                             their dtype says the cache's format (float: fp32; uint16:
+                             bf16; int8: int8, its scales beside: kernels.kvstore)
     Scratch(plan, work, slot, dest)   the stage plan, a work buffer (or empty), which of
                              its two output buffers to use, the output's place (or empty)
     Attend(...), Output(...) the buffers of the block's two halves (below)
@@ -68,7 +67,7 @@ FlashWork = namedtuple("FlashWork", "Qt S O mrow lrow")
 
 Dims = namedtuple("Dims", "T d n_heads dff causal pre_ln act eps")
 Grid = namedtuple("Grid", "nthr mc groups")
-Cache = namedtuple("Cache", "K V past max_T ks vs")
+Cache = namedtuple("Cache", "K V past max_T")
 Scratch = namedtuple("Scratch", "plan work slot dest")
 
 # The attention half (stages 1-2): X, the projection's input (H, or LN1 of it); ln, whether

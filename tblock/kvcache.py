@@ -27,9 +27,11 @@ so a decode step streams each head's keys and values as they lie, through the GE
 micro-kernel: per (sequence, head), K^T in panels of NR keys (panel p holds keys p*NR ..
 p*NR+NR-1 as a (d_k, NR) row-major block) and V as rows of d_k rounded up to NR columns
 (zero past d_k); NR is the micro-kernel's panel width for the dtype on this vector path.
-A stored format keeps the same K^T panels (NR of float32) in its own type, V in rows of
-d_k rounded up to 16, and for int8 the scales beside them: K_scales (batch, n_heads,
-panels * NR) and V_scales (batch, n_heads, max_T) float32, one per key (empty otherwise).
+A stored format keeps the same K^T panels (NR of float32) in its own type and V in rows
+of d_k rounded up to 16; int8 keeps each scale beside its values, in the same int8 array
+(kernels.kvstore reads it there): a K^T panel's d_k rows of NR bytes are followed by its
+NR keys' float32 scales, and a V row by its float32 scale.  ``K_scales``/``V_scales``
+give them as (batch, n_heads, max_T) float32.
 ``keys()``/``values()`` give them as (batch, length, d_model) rows, and the reference
 backends read and write them through ``head_rows`` (the exact values) and ``store`` (which
 rounds).  The memory is allocated once, and nothing grows per token.  Beside them,
@@ -50,7 +52,8 @@ from .weights import FLOAT_DTYPES
 KV_FORMATS = ("fp32", "bf16", "int8")      # what KVCache's format takes ("fp64" too, with float64)
 STORED_KV = ("bf16", "int8")
 _STORED_TYPE = {"bf16": np.uint16, "int8": np.int8}
-V_ROUND = 16                # a stored V row's length: d_k rounded up to this (any path's lanes divide it)
+V_ROUND = 16                # a stored V row's values: d_k rounded up to this (any path's lanes divide it)
+SCALE_BYTES = 4             # an int8 key's or value row's float32 scale
 
 
 def check_kv_format(fmt, dtype, name: str = "format") -> str:
@@ -107,7 +110,10 @@ def _panel_width(dtype) -> int:
 
 
 class KVCache:
-    """Keys and values of the first ``length`` tokens of ``batch`` sequences of one block."""
+    """Keys and values of the first ``length`` tokens of ``batch`` sequences of one block,
+    for up to ``max_T`` tokens, computed in ``dtype`` and stored in ``format`` ("fp32",
+    "bf16" or "int8": the module docstring).  ``nbytes``: the memory it holds;
+    ``bytes_per_token``: what each cached token adds to a decode step's reads."""
 
     def __init__(self, cfg: BlockConfig, max_T: int, batch: int = 1, dtype=np.float32, format: str = "fp32"):
         if not isinstance(cfg, BlockConfig):
@@ -131,19 +137,17 @@ class KVCache:
         stored = fmt in STORED_KV
         self.nr = NR = _panel_width(dtype)
         self.panels = -(-self.max_T // NR)          # K^T panels of NR keys per head
-        # V's row length: d_k rounded up to NR (a stored format's: to V_ROUND)
-        self.ldv = -(-cfg.d_k // (V_ROUND if stored else NR)) * (V_ROUND if stored else NR)
+        dk, h = cfg.d_k, cfg.n_heads
+        self._extra = SCALE_BYTES if fmt == "int8" else 0
+        # V's row: d_k rounded up to NR (a stored format's: to V_ROUND, then int8's scale)
+        self._vrow = -(-dk // (V_ROUND if stored else NR)) * (V_ROUND if stored else NR)
+        self.ldv = self._vrow + self._extra
         kind = _STORED_TYPE[fmt] if stored else dtype
-        h = cfg.n_heads
         # zeros: the kernels read whole panels and rows, the parts past length and d_k too
-        self._K = np.zeros((self.batch, h, self.panels * cfg.d_k * NR), kind)
+        self._K = np.zeros((self.batch, h, self.panels * (dk + self._extra) * NR), kind)
         self._V = np.zeros((self.batch, h, self.max_T, self.ldv), kind)
-        scaled = fmt == "int8"
-        self._K_scales = np.zeros((self.batch, h, self.panels * NR) if scaled else (0,), np.float32)
-        self._V_scales = np.zeros((self.batch, h, self.max_T) if scaled else (0,), np.float32)
         self._length = 0                    # tokens cached so far (the same for every sequence)
         self._addresses = (self._K.ctypes.data, self._V.ctypes.data)
-        self._scale_addresses = (self._K_scales.ctypes.data, self._V_scales.ctypes.data)
         # the numba kernels' scratch for a decode step (a few dozen KiB): with it a step
         # allocates nothing.  Not part of the cache: its contents mean nothing between calls
         self._work = np.empty(_work_len(cfg, self.batch, self.max_T, dtype), dtype)
@@ -156,10 +160,20 @@ class KVCache:
                                                      '"bf16" or "int8" (module docstring)')
     K = property(lambda self: self._K, doc="the keys: K^T panels per (sequence, head), see the module's docstring")
     V = property(lambda self: self._V, doc="the values: rows per (sequence, head), d_k rounded up to NR (16 stored)")
-    K_scales = property(lambda self: self._K_scales, doc="int8: the keys' scales, (batch, n_heads, panels * NR) "
-                                                         "float32; empty (0,) otherwise")
-    V_scales = property(lambda self: self._V_scales, doc="int8: the values' scales, (batch, n_heads, max_T) "
-                                                         "float32; empty (0,) otherwise")
+
+    @property
+    def K_scales(self) -> np.ndarray:
+        """int8: a copy of the keys' scales, (batch, n_heads, max_T) float32; empty otherwise."""
+        if not self._extra:
+            return np.empty(0, np.float32)
+        return np.stack([self._k_parts(b)[1].reshape(self.cfg.n_heads, -1)[:, :self.max_T] for b in range(self.batch)])
+
+    @property
+    def V_scales(self) -> np.ndarray:
+        """int8: a copy of the values' scales, (batch, n_heads, max_T) float32; empty otherwise."""
+        if not self._extra:
+            return np.empty(0, np.float32)
+        return np.stack([self._v_parts(b)[1] for b in range(self.batch)])
     work = property(lambda self: self._work, doc="the numba kernels' scratch for a decode step")
 
     @property
@@ -195,7 +209,7 @@ class KVCache:
     def nbytes(self) -> int:
         """The bytes the keys and values take, as allocated (padding and int8's scales
         included; the scratch ``work`` left out)."""
-        return self.K.nbytes + self.V.nbytes + self.K_scales.nbytes + self.V_scales.nbytes
+        return self.K.nbytes + self.V.nbytes
 
     @property
     def bytes_per_token(self) -> int:
@@ -209,34 +223,42 @@ class KVCache:
         through a table of addresses (the numba backend's stack)."""
         return self._addresses          # computed once: ctypes.data is slow
 
-    def scale_addresses(self) -> tuple[int, int]:
-        """The data addresses of K_scales and V_scales (int8's; empty arrays otherwise)."""
-        return self._scale_addresses
-
     def reset(self) -> None:
         """Forget every token. The memory is kept, and zeroed: the kernels read whole
         panels, the keys past length among them (masked), and nothing of an old sequence
         should reach a new one even so."""
-        for a in (self._K, self._V, self._K_scales, self._V_scales):
-            a.fill(0)
+        self._K.fill(0)
+        self._V.fill(0)
         self._length = 0
 
-    def _kt(self, b: int) -> np.ndarray:
-        """Sequence b's K^T panels as (n_heads, panels, d_k, NR), a view."""
-        return self.K[b].reshape(self.cfg.n_heads, self.panels, self.cfg.d_k, self.nr)
+    def _k_parts(self, b: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Sequence b's K^T panels as (n_heads, panels, d_k, NR) and int8's scales as
+        (n_heads, panels, NR) float32 (None in another format): views."""
+        h, dk, NR = self.cfg.n_heads, self.cfg.d_k, self.nr
+        K = self.K[b].reshape(h, self.panels, (dk + self._extra) * NR)
+        data = K[:, :, :dk * NR].reshape(h, self.panels, dk, NR) if self._extra else K.reshape(h, self.panels, dk, NR)
+        return data, (K[:, :, dk * NR:].view(np.float32) if self._extra else None)
+
+    def _v_parts(self, b: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Sequence b's V rows as (n_heads, max_T, d_k) and int8's scales as (n_heads, max_T)
+        float32 (None in another format): views."""
+        V = self.V[b]
+        return V[:, :, :self.cfg.d_k], (V[:, :, self._vrow:].view(np.float32)[:, :, 0] if self._extra else None)
 
     def head_rows(self, b: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Sequence b's keys and values of tokens 0..end-1, (n_heads, end, d_k) each: their
         exact values, new arrays, in the cache's dtype (bf16's are float32s), float64 for
         int8 (d * q need not be a float32)."""
         h, dk = self.cfg.n_heads, self.cfg.d_k
-        K = self._kt(b).transpose(0, 1, 3, 2).reshape(h, self.panels * self.nr, dk)[:, :end]  # (h, keys, d_k)
-        V = self.V[b, :, :end, :dk]
+        Kt, ks = self._k_parts(b)
+        K = Kt.transpose(0, 1, 3, 2).reshape(h, self.panels * self.nr, dk)[:, :end]     # (h, keys, d_k)
+        V, vs = self._v_parts(b)
+        V = V[:, :end]
         if self.format == "bf16":
             return _from_bf16(K), _from_bf16(V)
         if self.format == "int8":
-            return (K * self.K_scales[b, :, :end, None].astype(np.float64),
-                    V * self.V_scales[b, :, :end, None].astype(np.float64))
+            ks = ks.reshape(h, -1)[:, :end, None].astype(np.float64)
+            return K * ks, V * vs[:, :end, None].astype(np.float64)
         return K.copy(), V.copy()
 
     def store(self, b: int, pos: int, K: np.ndarray, V: np.ndarray) -> None:
@@ -246,12 +268,14 @@ class KVCache:
         t = np.arange(pos, pos + K.shape[1])
         Kq, Ks = self._rounded(K, "K")
         Vq, Vs = self._rounded(V, "V")
+        Kt, ks = self._k_parts(b)
+        Vr, vs = self._v_parts(b)
         # key t of head h lies at panel t // NR, column t % NR, one row per channel
-        self._kt(b)[:, t // self.nr, :, t % self.nr] = Kq.transpose(1, 0, 2)   # (n, h, d_k)
-        self.V[b, :, pos:pos + V.shape[1], :self.cfg.d_k] = Vq
+        Kt[:, t // self.nr, :, t % self.nr] = Kq.transpose(1, 0, 2)   # (n, h, d_k)
+        Vr[:, pos:pos + V.shape[1]] = Vq
         if Ks is not None:
-            self.K_scales[b][:, t] = Ks                  # (h, n)
-            self.V_scales[b][:, t] = Vs
+            ks[:, t // self.nr, t % self.nr] = Ks                       # (h, n)
+            vs[:, pos:pos + V.shape[1]] = Vs
 
     def _rounded(self, X: np.ndarray, name: str):
         """(X as this cache stores it, its int8 scales or None) for X (n_heads, n, d_k)."""
