@@ -77,6 +77,12 @@ _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _v = ir.VectorType
 
 
+def _c_array(a, *dtypes) -> bool:
+    """Whether a is a C-contiguous array of one of dtypes (the intrinsics address memory
+    by flat index)."""
+    return isinstance(a, types.Array) and a.layout == "C" and a.dtype in dtypes
+
+
 def _const(ty, values):
     return ir.Constant(ty, list(values))
 
@@ -108,9 +114,8 @@ def round_block(typingctx, x, xi, qs, ps, ds, b, offset):
     compiled without them (round_blocks).  The rounding is 1.5 * 2^23 added to x * (127 /
     amax): the sum's low mantissa bits are rint(x * 127 / amax), ties to even, whose low byte
     is q (|q| <= 127 < 2^22); a NaN in x makes d NaN."""
-    if not (isinstance(x, types.Array) and x.dtype == types.float32 and isinstance(qs, types.Array)
-            and qs.dtype == types.int8 and isinstance(ps, types.Array) and ps.dtype == types.int32
-            and isinstance(ds, types.Array) and ds.dtype == types.float32):
+    if not (_c_array(x, types.float32) and _c_array(qs, types.int8) and _c_array(ps, types.int32)
+            and _c_array(ds, types.float32)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -138,7 +143,7 @@ def round_block(typingctx, x, xi, qs, ps, ds, b, offset):
     return types.void(x, types.intp, qs, ps, ds, types.intp, types.intp), codegen
 
 
-@kernel(internal=True, fastmath=False)
+@kernel(readonly=("x",), internal=True, fastmath=False)
 def round_blocks(x, x_off, nb, qs, ps, ds, offset):
     """The nb blocks of x[x_off : x_off + 32 nb] rounded into qs, ps, ds (round_block);
     compiled without fast-math flags, so each division and rounding is IEEE's."""
@@ -182,7 +187,7 @@ def stack_scratch():
 @intrinsic
 def q_load(typingctx, qs, i):
     """The 32 int8 qs[i : i + 32]."""
-    if not (isinstance(qs, types.Array) and qs.dtype == types.int8):
+    if not _c_array(qs, types.int8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -207,7 +212,7 @@ def _start_offset(Wq):
 @intrinsic
 def start_load(typingctx, ps, i):
     """The 8 int32 ps[i : i + 8]."""
-    if not (isinstance(ps, types.Array) and ps.dtype == types.int32):
+    if not _c_array(ps, types.int32):
         return None
 
     def codegen(context, builder, sig, args):
@@ -230,8 +235,7 @@ def block_lanes(typingctx, Wq, o, qx, start):
     """start + the 8 int32 lanes of the block at Wq[o] (its scale at o, then its weights)
     times the rounded inputs qx: lane l = sum_{m < 4} q_w[4l + m] * qx[4l + m] exactly, for
     Q8_0 (Wq int8) or Q4_0 (Wq uint8) weights; start: start_load of the block (zeros where start_offset is 0)."""
-    if not (isinstance(Wq, types.Array) and Wq.dtype in (types.int8, types.uint8) and qx == _I8x32
-            and start == _I32x8):
+    if not (_c_array(Wq, types.int8, types.uint8) and qx == _I8x32 and start == _I32x8):
         return None
     q8 = Wq.dtype == types.int8
     unsigned = (128 if q8 else 8) if KIND == "vnni" else (0 if q8 or KIND == "generic" else 8)
@@ -268,7 +272,7 @@ def block_scale(typingctx, Wq, o, dx):
     the scale is broadcast as it is loaded and converted as a vector: a scalar conversion
     inserts it into a register LLVM picks, whose old value (often an accumulator) the
     insert then waits for, chaining every block's loads to the sums."""
-    if not (isinstance(Wq, types.Array) and Wq.dtype in (types.int8, types.uint8)):
+    if not _c_array(Wq, types.int8, types.uint8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -298,7 +302,7 @@ def lanes_fma(typingctx, acc, lanes, s):
 @intrinsic
 def prefetch(typingctx, W, i):
     """Hint the cache line holding W[i] (a byte array) into L1 (prefetcht0)."""
-    if not (isinstance(W, types.Array) and W.dtype in (types.int8, types.uint8)):
+    if not _c_array(W, types.int8, types.uint8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -422,7 +426,7 @@ def settle(y, i, s, bias, j, accumulate):
     y[i] = y[i] + s if accumulate else s
 
 
-@kernel(internal=True)
+@kernel(readonly=("x", "Wq", "bias"), internal=True)
 def gemv_int8(x, x_off, Wq, band, bias, y, y_off, accumulate):
     """y[y_off + j] (+)= [bias[j] +] x[x_off : x_off + k] . inputs k0 : k0 + k of row j of Wq,
     j0 <= j < j1, x rounded once (module docstring).  Wq: Q8_0 (int8) or Q4_0 (uint8) rows
@@ -459,7 +463,7 @@ def gemv_int8(x, x_off, Wq, band, bias, y, y_off, accumulate):
     keep_alive(qs, ps, ds)
 
 
-@kernel(internal=True)
+@kernel(readonly=("A",), internal=True)
 def rounded_rows(A, a_off, lda, m, k, out):
     """out[r * k + i] = A.flat[a_off + r * lda + i] as dot "int8" takes it (d * q, float32),
     r < m, i < k (k a multiple of 32): the input of a many-row product."""

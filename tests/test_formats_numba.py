@@ -125,22 +125,29 @@ def test_stored_head_matches_the_reference(fmt, rng):
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("fmt", ("fp32",) + STORED)
-def test_a_format_compiles_only_its_own_kernels(fmt, tmp_path):
-    """A user of one format compiles none of the others' loops (a first call pays only for
-    its own), from an empty Numba cache."""
+@pytest.mark.parametrize("fmt, dot", [("fp32", "fp32")] + [(f, "fp32") for f in STORED] + [("int8", "int8"),
+                                                                                        ("int4", "int8")])
+def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
+    """A user of one format and dot compiles none of the others' loops (a first call pays
+    only for its own), from an empty Numba cache: int8 and int4 with dot "int8" compile the
+    integer kernels (kernels.qdot) and not the widening ones, with dot "fp32" the reverse."""
     import json
     import os
     import subprocess
 
     from conftest import proc
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    p = subprocess.run(proc("format_builds", fmt), capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run(proc("format_builds", fmt, dot), capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr
     builds = json.loads(p.stdout.strip().splitlines()[-1])
-    own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
+    if dot == "int8":
+        own = {"gemv_int8", "round_blocks", "rounded_rows"}
+    else:
+        own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
     for name, n in builds.items():
         if name == "stored_gemm":
             assert (n > 0) == (fmt != "fp32"), builds
         else:
             assert (n > 0) == (name in own), builds
+    if dot == "int8":       # one build of the rows of its own format
+        assert builds["gemv_int8"] == 1, builds
