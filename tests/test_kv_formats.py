@@ -172,8 +172,8 @@ def cases(draw, dks=(1, 3, 8, 16, 24)):
     return heads, dk, draw(st.integers(1, 3)), schedule, max_T, draw(st.sampled_from(["pre", "post"]))
 
 
-def block_case(heads, dk, norm, seed):
-    cfg = tblock.BlockConfig(d_model=heads * dk, n_heads=heads, d_ff=2 * heads * dk + 1, norm=norm,
+def block_case(heads, dk, norm, seed, d_ff=None):
+    cfg = tblock.BlockConfig(d_model=heads * dk, n_heads=heads, d_ff=d_ff or 2 * heads * dk + 1, norm=norm,
                              attn_bias=True, ffn_bias=True, ln_affine=True)
     return cfg, random_weights(cfg, np.random.default_rng(seed), np.float32)
 
@@ -197,14 +197,34 @@ def test_numba_equals_the_oracle_on_the_same_format(fmt, case, seed):
 @pytest.mark.parametrize("fmt", STORED)
 def test_long_prefill_over_key_tiles(fmt):
     """T = 400 > BQ queries and > BK keys: several query tiles (the new rows stored by a
-    stage of their own first) and key tiles, then decode steps; batch 2, the parallel build."""
-    cfg, w = block_case(4, 32, "pre", 11)
+    stage of their own first) and key tiles, then decode steps; batch 2, d_k = 64, the
+    parallel build (a decode step's one parallel region too)."""
+    cfg, w = block_case(4, 64, "pre", 11)
     H = np.random.default_rng(3).standard_normal((2, 403, cfg.d_model)).astype(np.float32)
     mine, ref = (KVCache(cfg, 403, 2, np.float32, fmt) for _ in range(2))
     got = run(w, cfg, H, mine, "numba", [400, 1, 2])
     want = run(w, cfg, H, ref, "numpy", [400, 1, 2])
     apart = steps_apart(mine, ref)
     assert rel_err(got, want) <= (TIGHT[fmt] if apart == 0 else LOOSE), (apart, rel_err(got, want))
+
+
+@pytest.mark.isa          # the numba kernels, which differ per vector path
+@pytest.mark.parametrize("weights, dot", [("int8", "fp32"), ("int4", "int8"), ("bf16", "fp32")])
+@pytest.mark.parametrize("fmt", STORED)
+def test_stored_weights_through_a_stored_cache(fmt, weights, dot):
+    """Weights in a stored format (and llama.cpp's int8 products) with a rounded cache:
+    numba against the oracle on the same weights and cache format."""
+    cfg, w = block_case(2, 32, "pre", 8, d_ff=96)     # int8, int4: inputs in blocks of 32
+    q = tblock.quantize(w, weights, dot=dot)
+    H = np.random.default_rng(8).standard_normal((2, 9, cfg.d_model)).astype(np.float32)
+    mine, ref = (KVCache(cfg, 9, 2, np.float32, fmt) for _ in range(2))
+    got = run(q, cfg, H, mine, "numba", [5, 1, 3])
+    want = run(q, cfg, H, ref, "numpy", [5, 1, 3])
+    apart = steps_apart(mine, ref)
+    # int8 products round each input row to int8 blocks: a row a last bit apart may round
+    # one of its inputs a step the other way (the dot option's own bound allows it)
+    bound = LOOSE if apart or dot == "int8" else TIGHT[fmt]
+    assert rel_err(got, want) <= bound, (apart, rel_err(got, want))
 
 
 @pytest.mark.skipif("c" not in tblock.available_backends(), reason="the C reference is not built here")
