@@ -4,7 +4,7 @@ A block's weights are the flat float array of layout.weight_layout, or a records
 the same layout's float vectors (biases, LayerNorm affines) and the six matrices in a
 stored format (tblock.formats, read by kernels.qgemv).  The stages never look inside:
 
-    as_weights(W)             an entry point's argument (an array, or (f, q, map)) as one
+    as_weights(W)             an entry point's argument (an array, or (f, q, map, dot)) as one
     floats(W)                 the float vectors' array (the flat array itself, or W.f)
     borrow(W)                 options.borrowed views of W's arrays
     as_head, embed_row        a language model's tied embedding, float or stored
@@ -13,12 +13,15 @@ stored format (tblock.formats, read by kernels.qgemv).  The stages never look in
     weights_at(W, layers, i)  block i of a stack's table of addresses (block._cached)
 
 Numba compiles one build of each caller per weights type, so a user of float weights
-compiles none of this module's stored paths, and each stored format only its own.
+compiles none of this module's stored paths, and each stored format (and dot: Stored.dot's
+dtype) only its own.
 
 A stored matrix times one row (a decode step) reads each stored row once
-(qgemv.row_dot); times many rows, the task's panels are first unpacked into float32
-panels in a scratch of its own (qgemv.unpack_row, k x NR per panel: L2-sized) and
-multiplied by gemm_panels, so the unpacking is shared by the tile's rows.
+(qgemv.row_dot; with dot "int8", qdot.gemv_int8 on the row rounded once); times many
+rows, the task's panels are first unpacked into float32 panels in a scratch of its own
+(qgemv.unpack_row, k x NR per panel: L2-sized) and multiplied by gemm_panels, so the
+unpacking is shared by the tile's rows (with dot "int8", by rows rounded first:
+qdot.rounded_rows).
 """
 
 from __future__ import annotations
