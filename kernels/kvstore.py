@@ -10,11 +10,11 @@ cache runs the code it ran before, bit for bit.
 A stored cache keeps the fp32 cache's K^T panels of NR keys (NR of float32) and V rows of
 d_k rounded up to 16, per (sequence, head); int8 keeps each float32 scale in the same
 array, beside its values (``extra`` = 4 bytes): a panel's d_k rows of NR bytes are followed
-by its NR keys' scales, a V row by its scale (tblock.kvcache's layout).  A cached call with one writes the new rows
-first, rounded, then attends over the cache (stored_rows): every key and value it reads is
-the stored one, the new tokens' own included.  stored_rows takes its queries one at a
-time; a decode step has one a head, and a prefill through a stored cache pays for the
-simpler loop.
+by its NR keys' scales, a V row by its scale (tblock.kvcache's layout).  A cached call with
+one writes the new rows first, rounded, then attends over the cache (stored_rows): every
+key and value it reads is the stored one, the new tokens' own included.  stored_rows
+takes its queries one at a time; a decode step has one a head, and a prefill through a
+stored cache pays for the simpler loop.
 """
 
 from __future__ import annotations
