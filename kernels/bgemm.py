@@ -41,9 +41,10 @@ pairs of A into MR x NV vdpbf16ps.
 
 from __future__ import annotations
 
+import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
-from numba import prange
+from numba import get_num_threads, prange
 from numba.core import config as numba_config
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -77,7 +78,6 @@ def _target_features() -> str:
     narrower forced path), else the host's."""
     if numba_config.CPU_FEATURES is not None:
         return numba_config.CPU_FEATURES
-    import llvmlite.binding as ll
     try:
         return ll.get_host_cpu_features().flatten()
     except RuntimeError:
@@ -428,7 +428,6 @@ def bgemm(A, Bp, K, N, C, bias=None, accumulate=False, nthr=None):
     """C (+)= [bias +] bf16(A) @ W for A (M, K) and C (M, N) float32 with contiguous rows
     (any row strides), Bp W's pack_bf16_panels form, bias (N,) float32 or None; on nthr
     threads (numba's count when None)."""
-    import numba
     _check_f32("A", A, 2)
     _check_f32("C", C, 2)
     for name, v in (("K", K), ("N", N)):
@@ -454,5 +453,5 @@ def bgemm(A, Bp, K, N, C, bias=None, accumulate=False, nthr=None):
     a, lda = _flat(A)
     cf, ldc = _flat(C)
     bgemm_rows(a, (0, lda), Bp, (0, -(-K // 2) * NR, K, N), cf, (0, ldc), A.shape[0], bool(accumulate), padded,
-               nthr or numba.get_num_threads())
+               nthr or get_num_threads())
     return C
