@@ -8,14 +8,14 @@ shapes: GPT-2 small's four projections, M rows of tokens.
 Both run the same task split (layout.stage_grid, as the block's projections) on the same
 threads: bgemm.bgemm_rows over the packed bf16 panels, and a driver of gemm.gemm_block over
 float32 panels of the same (bf16-valued) matrix.  Each is checked against float64 first
-(its own rounding of A: bf16 for bgemm, none for fp32) to the bound of tests/test_bgemm.py.
+(its own rounding of A: bf16 for bgemm, none for fp32), to (K + 2) 2^-24 of sum |a w|.
 
 The peaks are measured, not assumed: a loop of independent register-only multiply-adds
 (panel vectors of fp32 FMAs; of pair dots, vdpbf16ps where the path has it) on every
 thread.  The clock they imply is printed for Zen 4's rates (one zmm FMA and one zmm
 vdpbf16ps per cycle and core: 32 and 64 FLOP/cycle).  Times are medians over rounds, rates
-from the best round; nothing is asserted about speed.  The load average is printed beside the results: on shared cores,
-timings are indicative only.
+from the best round; nothing is asserted about speed.  The load average is printed beside
+the results: on shared cores, timings are indicative only.
 """
 
 from __future__ import annotations
