@@ -15,6 +15,7 @@
  */
 #include "tblock_ref.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -444,6 +445,13 @@ static double round_bf16(double x)
     return f;
 }
 
+/* x, or 0 (of its sign) where it is a float32 subnormal: vdpbf16ps reads those as zero,
+ * so TB_DOT_BF16 does, inputs and weights alike. */
+static double flush_subnormal(double x)
+{
+    return fabs((float)x) < FLT_MIN ? x * 0.0 : x;
+}
+
 /* x_in[0 .. n-1] = the n inputs at x as a product computed as `dot` takes them (tb_dot):
  * as they are, rounded by round_q8 (TB_DOT_Q8, n = QBLOCK), or each by round_bf16. */
 static void input_block(double *x_in, const double *x, size_t n, int dot)
@@ -453,7 +461,7 @@ static void input_block(double *x_in, const double *x, size_t n, int dot)
         round_q8(x_in, n);
     else if (dot == TB_DOT_BF16)
         for (size_t i = 0; i < n; i++)
-            x_in[i] = round_bf16(x_in[i]);
+            x_in[i] = round_bf16(flush_subnormal(x_in[i]));
 }
 
 /* out (rows, cols) = X (rows, inner) @ W (inner, cols), X's rows taken as `dot` says
@@ -473,7 +481,7 @@ static void matmul(double *out, const double *X, const double *W, size_t rows, s
             for (size_t k = 0; k < n; k++) {
                 const double *w_row = W + (k0 + k) * cols;
                 for (size_t c = 0; c < cols; c++)
-                    out_row[c] += x_in[k] * w_row[c];
+                    out_row[c] += x_in[k] * (dot == TB_DOT_BF16 ? flush_subnormal(w_row[c]) : w_row[c]);
             }
         }
     }

@@ -109,7 +109,8 @@ typedef enum {
  *          d = amax / 127, q = rint(x * (127 / amax)) (ties to even), x -> d * q
  *          (0 where amax is 0 or 127 / amax overflows). d_model and d_ff must be
  *          multiples of 32.
- *   BF16:  each input rounded to float32, then to the nearest bfloat16 (ties to even). */
+ *   BF16:  each input rounded to float32, then to the nearest bfloat16 (ties to even);
+ *          float32 subnormals, of the inputs and of W, count as zero (as vdpbf16ps). */
 typedef enum {
     TB_DOT_EXACT = 0,
     TB_DOT_Q8 = 1,

@@ -26,7 +26,8 @@ A stored matrix also says how a product x @ W with it is computed, its ``dot``:
            in float32, rounding half to even; x_i becomes d * q_i (0 where amax is 0, or so
            small, below 127 / FLT_MAX ~ 3.7e-37, that 127 / amax overflows)
     bf16   (bf16 matrices) each x_i rounded to float32, then to the nearest bfloat16 (ties to
-           even), so that a kernel can multiply bf16 pairs (AVX512_BF16's vdpbf16ps)
+           even), so that a kernel can multiply bf16 pairs (AVX512_BF16's vdpbf16ps); as
+           that instruction does, float32 subnormals count as zero, in x and in W
 
 ``round_inputs`` is that rounding, the oracle's own; the kernels and the C reference have
 theirs.
@@ -214,7 +215,8 @@ def round_inputs(X: np.ndarray, dot: str) -> np.ndarray:
     if dot == "fp32":
         return X
     if dot == "bf16":
-        u = np.asarray(X, np.float32).view(np.uint32)
+        x = flush_subnormals(np.asarray(X, np.float32))
+        u = x.view(np.uint32)
         return ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) & np.uint32(0xFFFF0000)).view(np.float32).astype(X.dtype)
     x = np.asarray(X, np.float32).reshape(*X.shape[:-1], X.shape[-1] // QBLOCK, QBLOCK)
     amax = np.abs(x).max(axis=-1, keepdims=True)
@@ -224,3 +226,10 @@ def round_inputs(X: np.ndarray, dot: str) -> np.ndarray:
     d = np.where(keep, amax / np.float32(127), np.float32(0)).astype(np.float32)
     q = np.rint(x * np.where(keep, scale, np.float32(0)))   # float32, ties to even
     return (q.astype(X.dtype) * d.astype(X.dtype)).reshape(X.shape)
+
+
+def flush_subnormals(A: np.ndarray) -> np.ndarray:
+    """A with its float32 subnormals (0 < |a| < 2**-126) as zeros of their sign: what dot
+    "bf16" multiplies (vdpbf16ps reads subnormal operands as zero)."""
+    tiny = np.finfo(np.float32).tiny
+    return np.where(np.abs(A) < tiny, A * 0, A)

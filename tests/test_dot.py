@@ -65,10 +65,12 @@ def test_oracle_rounding_equals_the_rule(seed, rows, blocks, scale):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
+@given(seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-40, 1e-38, 1e-30, 1e-3, 1.0, 1e3, 1e30]))
 def test_bf16_rounding_of_inputs(seed, scale):
     x = np.random.default_rng(seed).standard_normal((3, 40)) * scale
-    want = (bf16_nearest(x.astype(np.float32)).astype(np.uint32) << 16).view(np.float32)
+    x32 = x.astype(np.float32)
+    x32[np.abs(x32) < 2.0 ** -126] = 0.0                  # subnormals count as zero, as in vdpbf16ps
+    want = (bf16_nearest(x32).astype(np.uint32) << 16).view(np.float32)
     assert np.array_equal(round_inputs(x, "bf16"), want.astype(np.float64))
     d = 40
     cfg = tblock.BlockConfig(d, 1, d_ff=d, activation="relu")
@@ -77,6 +79,26 @@ def test_bf16_rounding_of_inputs(seed, scale):
                         "bf16", dot="bf16")                          # I and 0 are exact in bf16
     F = [np.full((3, d), np.nan) for _ in range(3)]
     cb.ffn_raw(F[0], F[1], F[2], x, 3, cb.config_fields(cfg, "bf16"), cb._float64_weights(w))
+    assert np.array_equal(F[1], want)
+
+
+def test_bf16_dot_reads_subnormal_weights_as_zero():
+    d = 32
+    cfg = tblock.BlockConfig(d, 1, d_ff=d, activation="relu")
+    zero = np.zeros((d, d))
+    W1 = np.eye(d)
+    W1[3, 3] = 2.0 ** -130                                  # a bf16 subnormal: the product skips it
+    w = tblock.quantize(tblock.BlockWeights(w_q=zero, w_k=zero, w_v=zero, w_o=zero, w_ff1=W1, w_ff2=np.eye(d)),
+                        "bf16", dot="bf16")
+    assert w.w_ff1.dequantize(np.float64)[3, 3] == 2.0 ** -130        # stored exactly
+    X = np.ones((1, d))
+    want = np.ones((1, d))
+    want[0, 3] = 0.0
+    tr = {}
+    oracle.ffn(X, oracle.weight_arrays(w), cfg, tr)
+    assert np.array_equal(tr["F_pre"], want)
+    F = [np.full((1, d), np.nan) for _ in range(3)]
+    cb.ffn_raw(F[0], F[1], F[2], X, 1, cb.config_fields(cfg, "bf16"), cb._float64_weights(w))
     assert np.array_equal(F[1], want)
 
 

@@ -28,7 +28,7 @@ A language model (tblock.models) reaches a backend's kernels only through the ho
 
 import numpy as np
 
-from ..formats import QuantizedMatrix, round_inputs
+from ..formats import QuantizedMatrix, flush_subnormals, round_inputs
 
 # name -> module, imported on first use; the order is the order of available_backends()
 BACKEND_MODULES = {
@@ -59,7 +59,8 @@ def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndar
     # head: E (vocab, d), or E^T stored (a QuantizedMatrix, dequantized exactly, its dot's
     # rounding of the rows first)
     if isinstance(head, QuantizedMatrix):
-        out[...] = round_inputs(Xn, head.dot) @ head.dequantize(np.float64)
+        E = head.dequantize(np.float64)
+        out[...] = round_inputs(Xn, head.dot) @ (flush_subnormals(E) if head.dot == "bf16" else E)
     else:
         out[...] = Xn @ head.T.astype(np.float64)
     return out

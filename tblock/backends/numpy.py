@@ -11,8 +11,8 @@ import numpy as np
 from scipy.special import erf
 
 from ..config import BlockConfig
-from ..formats import round_inputs
-from ..weights import BlockWeights
+from ..formats import flush_subnormals, round_inputs
+from ..weights import MATRICES, BlockWeights
 
 
 def layernorm(X, gamma=None, beta=None, eps=1e-5):
@@ -97,8 +97,12 @@ def times(X, w, name):
 
 
 def weight_arrays(weights: BlockWeights) -> dict:
-    """The weights as float64 arrays, stored matrices dequantized exactly, and their dot."""
-    return {**weights.float_arrays(np.float64), "dot": weights.dot}
+    """The weights as float64 arrays, stored matrices dequantized exactly (dot "bf16": their
+    subnormals as zeros, tblock.formats), and their dot."""
+    w = {**weights.float_arrays(np.float64), "dot": weights.dot}
+    if weights.dot == "bf16":
+        w.update({n: flush_subnormals(w[n]) for n in MATRICES})
+    return w
 
 
 def projections(X, w, cfg):

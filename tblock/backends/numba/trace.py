@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...formats import round_inputs
+from ...formats import flush_subnormals, round_inputs
 from ...kernels.activations import ACTIVATION_CODES, bias_act_rows
 from ...kernels.layernorm import layernorm_rows
 from ...kernels.records import Rows
@@ -51,7 +51,8 @@ def forward_trace(H, weights, cfg):
     tr = {}
 
     def times(X, name):
-        return round_inputs(X, weights.dot) @ w[name]
+        W = flush_subnormals(w[name]) if weights.dot == "bf16" else w[name]
+        return round_inputs(X, weights.dot) @ W
 
     def probs(S):
         A = np.empty_like(S)
