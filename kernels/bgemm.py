@@ -41,11 +41,9 @@ pairs of A into MR x NV vdpbf16ps.
 
 from __future__ import annotations
 
-import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
 from numba import get_num_threads, prange
-from numba.core import config as numba_config
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -67,24 +65,7 @@ _F = Vec(types.float32, NR)      # a panel vector of float32 (simd's pload type)
 _I = Vec(types.int32, NR)        # a panel vector of bf16 pairs
 
 
-def bf16_dot_target(name: str, features: str) -> bool:
-    """Whether kernels compiled for a path ``name`` with the feature string ``features``
-    use vdpbf16ps on zmm: the avx512 path on a target with AVX512_BF16."""
-    return name == "avx512" and "+avx512bf16" in features.split(",")
-
-
-def _target_features() -> str:
-    """The features Numba compiles for: NUMBA_CPU_FEATURES (isa.resolve sets it for a
-    narrower forced path), else the host's."""
-    if numba_config.CPU_FEATURES is not None:
-        return numba_config.CPU_FEATURES
-    try:
-        return ll.get_host_cpu_features().flatten()
-    except RuntimeError:
-        return ""
-
-
-BF16_DOT = bf16_dot_target(PATH.name, _target_features())
+BF16_DOT = PATH.bf16_dot
 # rows per micro-tile: MR with vdpbf16ps; 4 where a pair row is widened into two float32
 # rows, which take twice the registers (six rows spilled)
 ROWS = MR if BF16_DOT else 4

@@ -41,6 +41,8 @@ class VectorPath:
     arch: str              # the target's architecture (x86_64, aarch64, ...)
     l1d: int               # bytes of one core's L1 data cache (tiles.KC is sized to it)
     f16c: bool = False     # the target converts float16 to float32 in one instruction
+    vnni: bool = False     # int8 dot products (vpdpbusd) on this path's vectors
+    bf16_dot: bool = False  # bf16 pair dot products (vdpbf16ps) on zmm: the avx512 path only
 
     @property
     def key(self) -> str:
@@ -130,8 +132,11 @@ def l1d_bytes() -> int:
 def _make(name: str, triple: str, cpu: str, features: str, forced: bool, runnable: tuple) -> VectorPath:
     vector_bytes = {"avx512": 64, "avx2": 32, "generic": 16}[name]
     fma = name != "generic" or has_fma(triple, cpu, features)
-    f16c = "+f16c" in features.split(",")
-    return VectorPath(name, vector_bytes, cpu, forced, fma, runnable, triple.split("-")[0], l1d_bytes(), f16c)
+    have = set(features.split(","))
+    vnni = ((name == "avx512" and {"+avx512vnni", "+avx512vl"} <= have)
+            or (name in ("avx512", "avx2") and "+avxvnni" in have))
+    return VectorPath(name, vector_bytes, cpu, forced, fma, runnable, triple.split("-")[0], l1d_bytes(),
+                      f16c="+f16c" in have, vnni=vnni, bf16_dot=name == "avx512" and "+avx512bf16" in have)
 
 
 def resolve(env=None) -> VectorPath:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tblock.formats import quantize_matrix
 from tblock.kernels import isa
-from tblock.kernels.bgemm import (BF16_DOT, NR, bf16_dot_target, bf16_packed_size, bgemm, bgemm_panels,
+from tblock.kernels.bgemm import (BF16_DOT, NR, bf16_packed_size, bgemm, bgemm_panels,
                                   pack_bf16_panels)
 from tblock.kernels.records import Panels, Rows, Tile
 
@@ -250,10 +250,13 @@ def test_bad_input_names_the_argument():
 
 
 def test_bf16_dot_where_the_target_has_it():
-    """vdpbf16ps on the avx512 path of a target with AVX512_BF16 only."""
-    assert bf16_dot_target("avx512", "+avx512f,+avx512bf16")
-    assert not bf16_dot_target("avx512", "+avx512f,-avx512bf16")
-    assert not bf16_dot_target("avx2", "+avx2,+avx512bf16")
+    """vdpbf16ps on the avx512 path of a target with AVX512_BF16 only (isa._make)."""
+    def path(name, features):
+        return isa._make(name, "x86_64-unknown-linux-gnu", "znver4", features, False, (name,))
+    assert path("avx512", "+avx512f,+avx512bf16").bf16_dot
+    assert not path("avx512", "+avx512f,-avx512bf16").bf16_dot
+    assert not path("avx2", "+avx2,+avx512bf16").bf16_dot
+    assert BF16_DOT == isa.PATH.bf16_dot
     if isa.PATH.name != "avx512":
         assert not BF16_DOT
 
