@@ -144,6 +144,8 @@ def _stored_gemm(A, m, d_in, k0, k, q, dot, C, d_out):
 @settings(max_examples=30, deadline=None)
 @given(fmt=st.sampled_from(["int8", "int4"]), rows=st.sampled_from([1, 2, 7]), d_out=st.integers(1, 70),
        blocks=st.integers(1, 6), first=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
+@example(fmt="int8", rows=2, d_out=3, blocks=QCH // 32 + 2, first=1, seed=3)     # rows past the stack scratch
+@example(fmt="int4", rows=1, d_out=5, blocks=QCH // 32 + 1, first=0, seed=4)
 def test_stored_gemm_bands_one_row_and_many(fmt, rows, d_out, blocks, first, seed):
     """A band of inputs (the FFN's chunks) of one row (the integer kernel) or many (rounded
     rows, then the float GEMM), against the rounded product in float64."""
