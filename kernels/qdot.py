@@ -26,12 +26,10 @@ blocks), acc = fma(float(lanes), d_w * d_x, acc), added and summed in a fixed tr
 
 from __future__ import annotations
 
-import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
 from numba import carray
 from numba.core import cgutils, types
-from numba.core import config as numba_config
 from numba.extending import intrinsic, overload
 
 from .isa import PATH
@@ -46,28 +44,22 @@ QCH = 4096              # inputs a product rounds into scratch on its stack (lon
 LANES = 8               # int32 lanes of one block's sum (256 bits on every path)
 
 
-def _target_features() -> str:
-    """The features Numba compiles for, as isa.py finds them (NUMBA_CPU_FEATURES, or what
-    TBLOCK_ISA forced, else the host's)."""
-    if numba_config.CPU_FEATURES is not None:
-        return numba_config.CPU_FEATURES
-    try:
-        return ll.get_host_cpu_features().flatten()
-    except RuntimeError:
-        return ""
-
-
-def dot_kind(path_name: str, features: str) -> str:
-    """Which integer dot a target runs: "vnni", "avx2" or "generic" (module docstring)."""
-    have = set(features.split(","))
-    if path_name == "avx512" and {"+avx512vnni", "+avx512vl"} <= have:
-        return "vnni"
-    if path_name in ("avx512", "avx2") and "+avxvnni" in have:
+def dot_kind(path_name: str, vnni: bool) -> str:
+    """Which integer dot a path runs: "vnni", "avx2" or "generic" (module docstring)."""
+    if vnni:
         return "vnni"
     return "avx2" if path_name in ("avx512", "avx2") else "generic"
 
 
-KIND = dot_kind(PATH.name, _target_features())
+KIND = dot_kind(PATH.name, PATH.vnni)
+
+
+def weight_offset(q8: bool) -> int:
+    """The offset this path's weight bytes carry (module docstring): 128 for Q8_0 bytes and
+    8 for Q4_0 nibbles taken unsigned (vpdpbusd; vpmaddubsw for nibbles), else 0."""
+    if KIND == "vnni":
+        return 128 if q8 else 8
+    return 8 if KIND == "avx2" and not q8 else 0
 _FMA = "fma" if PATH.fma else "fmuladd"
 
 _I8x32 = Vec(types.int8, 32)
@@ -205,7 +197,7 @@ def _start_offset(Wq):
     if not (isinstance(Wq, types.Array) and Wq.dtype in (types.int8, types.uint8)):
         return None
     q8 = Wq.dtype == types.int8
-    offset = (128 if q8 else 8) if KIND == "vnni" else (0 if q8 or KIND == "generic" else 8)
+    offset = weight_offset(q8)
     return lambda Wq: offset
 
 
@@ -238,7 +230,7 @@ def block_lanes(typingctx, Wq, o, qx, start):
     if not (_c_array(Wq, types.int8, types.uint8) and qx == _I8x32 and start == _I32x8):
         return None
     q8 = Wq.dtype == types.int8
-    unsigned = (128 if q8 else 8) if KIND == "vnni" else (0 if q8 or KIND == "generic" else 8)
+    unsigned = weight_offset(q8)
 
     def codegen(context, builder, sig, args):
         Wa, o_, x, acc = args
