@@ -16,6 +16,14 @@ GPT2.from_pretrained takes to be the blocks' format except int8 under int4 block
     (blocks only, head float32: bf16 2.2e-5 / 1.59e-6 / 0.99951, int8 5.1e-4 / 1.88e-5 /
     0.99658, int4 5.1e-3 / 7.14e-3 / 0.93965: the head in 4 bits is what costs)
 
+With dot="int8" too (every product's input rows rounded to int8 blocks, llama.cpp's
+arithmetic; tblock.formats), the same positions:
+
+    weights head  dot   perplexity  |ppl/ref - 1|  mean KL   top-1 agreement
+    int8    int8  int8  6.12437     1.1e-3         4.89e-4   0.98662
+    int4    int8  int8  6.15294     5.8e-3         7.26e-3   0.94033
+    int4    int4  int8  6.52258     6.6e-2         4.70e-2   0.86055
+
 The KV cache formats (tblock.kvcache), with float32 weights: the model's logits through a
 prefill into caches of the format (every key and value read back as stored), against the
 same model without a cache (2026-12-05, the same positions; an fp32 cache gives the
@@ -46,9 +54,11 @@ DATA = Path(__file__).resolve().parent / "data" / "tiny_gpt2"
 POSITIONS = 10_240          # 40 windows of the model's 256 positions: the issue asks for >= 10,000
 BACKEND = "numba"           # the quantized models' (tests/test_formats_numba.py holds it to the oracle)
 REFERENCE_BACKEND = "numba"     # the float32 reference's (the numpy oracle would double the time)
-# (weights, head): (max |perplexity / reference - 1|, max mean KL in nats, min top-1 agreement)
-BOUNDS = {("bf16", "bf16"): (5e-5, 5e-5, 0.992), ("int8", "int8"): (2e-3, 5e-4, 0.978),
-          ("int4", "int8"): (1.2e-2, 1.4e-2, 0.88), ("int4", "int4"): (0.13, 0.1, 0.75)}
+# (weights, head, dot): (max |perplexity / reference - 1|, max mean KL in nats, min top-1 agreement)
+BOUNDS = {("bf16", "bf16", "fp32"): (5e-5, 5e-5, 0.992), ("int8", "int8", "fp32"): (2e-3, 5e-4, 0.978),
+          ("int4", "int8", "fp32"): (1.2e-2, 1.4e-2, 0.88), ("int4", "int4", "fp32"): (0.13, 0.1, 0.75),
+          ("int8", "int8", "int8"): (2.3e-3, 1e-3, 0.975), ("int4", "int8", "int8"): (1.2e-2, 1.5e-2, 0.88),
+          ("int4", "int4", "int8"): (0.13, 0.1, 0.75)}
 # cache format (float32 weights): the same three bounds
 CACHE_BOUNDS = {"bf16": (1.3e-4, 2.2e-5, 0.997), "int8": (1e-4, 8.5e-5, 0.992)}
 
@@ -160,15 +170,15 @@ def test_the_trained_model_loads_and_knows_python(reference, heldout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, head", list(BOUNDS))
-def test_a_format_stays_within_its_bounds(fmt, head, reference, heldout):
+@pytest.mark.parametrize("fmt, head, dot", list(BOUNDS))
+def test_a_format_stays_within_its_bounds(fmt, head, dot, reference, heldout):
     """10,240 held-out positions (module docstring): perplexity, KL and top-1 against fp32."""
-    model = GPT2.from_pretrained(DATA, weights=fmt, head_weights=head)
-    assert (model.weight_format, model.head_format) == (fmt, head)
+    model = GPT2.from_pretrained(DATA, weights=fmt, head_weights=head, dot=dot)
+    assert (model.weight_format, model.head_format, model.blocks[0].dot, model.wte.dot) == (fmt, head, dot, dot)
     acc = compare(model, reference, heldout, positions=POSITIONS, backend=BACKEND,
                   reference_backend=REFERENCE_BACKEND)
-    max_ppl, max_kl, min_top1 = BOUNDS[fmt, head]
-    print(f"{fmt} blocks, {head} head: {acc}")
+    max_ppl, max_kl, min_top1 = BOUNDS[fmt, head, dot]
+    print(f"{fmt} blocks, {head} head, dot {dot}: {acc}")
     assert acc.positions == POSITIONS
     assert abs(acc.perplexity / acc.reference_perplexity - 1) <= max_ppl, acc
     assert 0 < acc.kl <= max_kl, acc
