@@ -27,12 +27,12 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from .attention import LOG2E, softmax_update
-from .layout import ceil_div, panels, take, take_f64, up16
+from .layout import panels, take, take_f64, up16
 from .options import kernel
 from .records import KV, Att, FlashWork, Rows
 from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, psplat, pstore, vadd,
                    vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
-from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task
+from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task, query_tile
 from .tiles import BK, BQ
 from .widen import bf16_load, i8_load
 
@@ -226,13 +226,8 @@ def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     dk = d // n_heads
     extra = scale_bytes(cache.K)
     ldv = up16(dk) + extra
-    nqt = ceil_div(T, BQ)
-    bh = t // nqt
-    qt = nqt - 1 - t % nqt
-    b = bh // n_heads
-    h = bh % n_heads
-    q0 = qt * BQ
-    q1 = min(T, q0 + BQ)
+    b, h, q0, q1 = query_tile(t, T, n_heads)
+    bh = b * n_heads + h
     m = q1 - q0
     keys = past + T
     bk = min(BK, panels(keys, NR) * NR)

@@ -304,6 +304,16 @@ def attention_work(m, keys, dk, NR, itemsize):
             + 2 * up16(m * 8 // itemsize))
 
 
+@kernel(internal=True)
+def query_tile(t, T, n_heads):
+    """(b, h, q0, q1): attention task t's sequence, head and query rows q0:q1, the tasks
+    numbered as attention_task says."""
+    nqt = ceil_div(T, BQ)
+    bh = t // nqt
+    q0 = (nqt - 1 - t % nqt) * BQ
+    return bh // n_heads, bh % n_heads, q0, min(T, q0 + BQ)
+
+
 @kernel(standalone=True, internal=True)
 def attention_task(q, ldq, dims, t, kv, work, w_pos):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h
@@ -323,13 +333,8 @@ def attention_task(q, ldq, dims, t, kv, work, w_pos):
     dk = d // n_heads
     ktn = kt_len(max_T, dk, NR)
     ldv = v_stride(dk, NR)
-    nqt = ceil_div(T, BQ)
-    bh = t // nqt
-    qt = nqt - 1 - t % nqt
-    b = bh // n_heads
-    h = bh % n_heads
-    q0 = qt * BQ
-    q1 = min(T, q0 + BQ)
+    b, h, q0, q1 = query_tile(t, T, n_heads)
+    bh = b * n_heads + h
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
     keys = past + T
