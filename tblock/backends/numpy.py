@@ -91,23 +91,33 @@ def attention_core(Q, K, V, cfg):
     return head_mix(A, V, Q.dtype), A
 
 
-def times(X, w, name):
-    """X @ w[name], X's rows first rounded as the stored weights' dot says (tblock.formats)."""
-    return round_inputs(X, w.get("dot", "fp32")) @ w[name]
+class RoundingMatrix:
+    """A stored matrix W whose products X @ W first round X's rows as its dot says
+    (tblock.formats.round_inputs), so the equations below read as the lesson writes them."""
+    __array_ufunc__ = None          # numpy then hands X @ self to __rmatmul__
+
+    def __init__(self, W: np.ndarray, dot: str):
+        self.W, self.dot = W, dot
+
+    def __rmatmul__(self, X):
+        return round_inputs(X, self.dot) @ self.W
 
 
 def weight_arrays(weights: BlockWeights) -> dict:
-    """The weights as float64 arrays, stored matrices dequantized exactly (dot "bf16": their
-    subnormals as zeros, tblock.formats), and their dot."""
-    w = {**weights.float_arrays(np.float64), "dot": weights.dot}
+    """The weights as float64 arrays, stored matrices dequantized exactly; where their dot
+    rounds the inputs, the matrices as RoundingMatrix (dot "bf16": their subnormals as
+    zeros, tblock.formats)."""
+    w = weights.float_arrays(np.float64)
     if weights.dot == "bf16":
         w.update({n: flush_subnormals(w[n]) for n in MATRICES})
+    if weights.dot != "fp32":
+        w.update({n: RoundingMatrix(w[n], weights.dot) for n in MATRICES})
     return w
 
 
 def projections(X, w, cfg):
     """Q, K, V of the rows of X, each (T, d_model), plus their biases with cfg.attn_bias."""
-    Q, K, V = times(X, w, "w_q"), times(X, w, "w_k"), times(X, w, "w_v")
+    Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
     if cfg.attn_bias:
         Q, K, V = Q + w["b_q"], K + w["b_k"], V + w["b_v"]
     return Q, K, V
@@ -115,7 +125,7 @@ def projections(X, w, cfg):
 
 def output_projection(out_concat, w, cfg):
     """A_out = out_concat W_O (+ b_O)."""
-    A_out = times(out_concat, w, "w_o")
+    A_out = out_concat @ w["w_o"]
     return A_out + w["b_o"] if cfg.attn_bias else A_out
 
 
@@ -150,11 +160,11 @@ def cached_attention(cache, b):
 
 def ffn(X, w, cfg, trace):
     """FFN(X) = act(X W1 + b1) W2 + b2, row by row."""
-    F_pre = times(X, w, "w_ff1")                            # (T, d_ff)
+    F_pre = X @ w["w_ff1"]                                  # (T, d_ff)
     if cfg.ffn_bias:
         F_pre = F_pre + w["b_ff1"]
     F_post = ACTIVATION[cfg.activation](F_pre)
-    F_out = times(F_post, w, "w_ff2")                       # (T, d_model)
+    F_out = F_post @ w["w_ff2"]                             # (T, d_model)
     if cfg.ffn_bias:
         F_out = F_out + w["b_ff2"]
     trace.update(F_pre=F_pre, F_post=F_post, F_out=F_out)
