@@ -33,6 +33,7 @@ pairs of A into MR x NV vdpbf16ps.
 
     pack_bf16_panels, bf16_packed_size   W's packed form (a prepare step, numpy)
     pair_stride, pack_pairs              A's rows as pairs
+    bf16_rows                            A's rows rounded so, as float32 (a head's rows)
     bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off)   a task, A in pairs
     bgemm_panels(A, a, Bp, b, C, c, tile, accumulate, bias, bias_off)     a task, A float32
     bgemm_rows                           a whole product on nthr threads
@@ -252,6 +253,29 @@ def pack_pairs(A, a, rows, K, Ap, ap):
             k += 2 * L
         if k < K:
             store_pairs(vload_n(A, src + k, K - k), vload_n(A, src + k + L, K - k - L), Ap, dst + k // 2)
+
+
+@kernel(internal=True)
+def bf16_bits(u):
+    """The float32 bits u (int64, 0 .. 2^32 - 1) rounded to bf16 as A is (module docstring),
+    as float32 bits: nearest even, a subnormal to +-0, a NaN quiet."""
+    if (u & 0x7F800000) == 0:
+        return u & 0x80000000
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return (u | 0x400000) & 0xFFFF0000
+    return (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+
+
+@kernel(readonly=("A",))
+def bf16_rows(A, a_off, lda, m, k, out):
+    """out[r * k + i] = A[a_off + r * lda + i] rounded to bf16 as A is here (bf16_bits), a
+    float32, for r < m, i < k: the inputs of a product with dot "bf16" where the weights
+    stay float32 or stored rows (a head, one row)."""
+    Au = A.view(np.uint32)
+    ou = out.view(np.uint32)
+    for r in range(m):
+        for i in range(k):
+            ou[r * k + i] = bf16_bits(np.int64(Au[a_off + r * lda + i]))
 
 
 # ----------------------------------------------------------------------------- kernels

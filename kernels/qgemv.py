@@ -198,7 +198,7 @@ gemv_rows_parallel = build(_gemv_rows, "gemv_rows_parallel", parallel=True, read
 
 
 # an empty array whose dtype says how products are computed (records.Stored's dot)
-DOTS = {"fp32": np.empty(0, np.float32), "int8": np.empty(0, np.int8)}
+DOTS = {"fp32": np.empty(0, np.float32), "int8": np.empty(0, np.int8), "bf16": np.empty(0, np.uint16)}
 
 
 def stored_data(m) -> np.ndarray:
@@ -208,7 +208,7 @@ def stored_data(m) -> np.ndarray:
 
 
 def stored_view(m):
-    """What the kernels take for a QuantizedMatrix: stored_data, or with dot "int8" the
-    pair (stored_data, DOTS["int8"])."""
+    """What the kernels take for a QuantizedMatrix: stored_data, or with dot "int8" or
+    "bf16" the pair (stored_data, DOTS[dot])."""
     dot = getattr(m, "dot", "fp32")
     return stored_data(m) if dot == "fp32" else (stored_data(m), DOTS[dot])

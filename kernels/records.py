@@ -34,8 +34,10 @@ A block's weights (wgemm): the flat float array of weight_layout, or
                              stored matrices one after another (its dtype says the
                              format), map (12,) intp: each matrix's offset in the float
                              layout, then in q; dot, an empty array whose dtype says how
-                             products are computed: float32 (dot "fp32") or int8 (dot
-                             "int8": inputs rounded to int8 blocks, kernels.qdot)
+                             products are computed: float32 (dot "fp32"), int8 (dot
+                             "int8": inputs rounded to int8 blocks, kernels.qdot) or
+                             uint16 (dot "bf16": q holds bf16 pair panels, uint32,
+                             multiplied by kernels.bgemm)
 
 A block call (stages, block):
 

@@ -22,6 +22,12 @@ rows, the task's panels are first unpacked into float32 panels in a scratch of i
 (qgemv.unpack_row, k x NR per panel: L2-sized) and multiplied by gemm_panels, so the
 unpacking is shared by the tile's rows (with dot "int8", by rows rounded first:
 qdot.rounded_rows).
+
+With dot "bf16" (Stored.dot uint16) a block's matrices are not stored rows but bf16 pair
+panels (bgemm.pack_bf16_panels, uint32, the float GEMM's NR columns a panel), and every
+product, one row or many, is bgemm's (stored_bgemm: vdpbf16ps where the CPU has it).  A
+head stored as bf16 rows with dot "bf16" rounds its rows first (bgemm.bf16_rows) and then
+multiplies them as dot "fp32" does: the same value up to float32 summation order.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from .bgemm import NR as BF16_NR
+from .bgemm import bf16_packed_size, bf16_rows, bgemm_panels
 from .gemm import gemm_block, gemm_panels
 from .options import borrowed, borrowed_at, kernel
 from .qdot import gemv_int8, rounded_rows
@@ -108,6 +116,9 @@ def _weights_gemm(float_gemm):
     def typer(A, a, W, b, C, c, tile, accumulate, bias_off):
         if isinstance(W, types.Array):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: float_gemm(
+                A, a, W, b, C, c, tile, accumulate, bias_off)
+        if _is_stored(W) and W[1].dtype == types.uint32:
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_bgemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
@@ -195,6 +206,12 @@ def _row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
             if bias.size:
                 s += bias[j]
             C[c_off + j] = C[c_off + j] + s if accumulate else s
+    if dot.dtype == types.uint16:
+        def rounded(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
+            x = np.empty(band[2], dtype=np.float32)
+            bf16_rows(A, a_off, 0, 1, band[2], x)
+            row_products(x, 0, Wq, np.empty(0, dtype=np.float32), band, bias, C, c_off, accumulate)
+        return rounded
     return rows
 
 
@@ -211,6 +228,12 @@ def _rows_as_dot(A, a, i0, i1, k, dot):
             rounded_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
             return out, Rows(-i0 * k, k)        # row i at (i - i0) * k
         return rounded
+    if dot.dtype == types.uint16:
+        def rounded16(A, a, i0, i1, k, dot):
+            out = np.empty((i1 - i0) * k, dtype=np.float32)
+            bf16_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
+            return out, Rows(-i0 * k, k)
+        return rounded16
     return lambda A, a, i0, i1, k, dot: (A, a)
 
 
@@ -245,14 +268,25 @@ def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
                 Tile(i0, i1, 0, npn), accumulate, bias)
 
 
+@kernel(readonly=("A",), internal=True)
+def stored_bgemm(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """stored_gemm for dot "bf16": W.q the six matrices' bf16 pair panels (module
+    docstring), the band b names read from its first pair row (b.off's k0 is even: FFN
+    chunks are whole panels wide), A's rows rounded to bf16 by bgemm_panels."""
+    q0, d_in, k0 = stored_band(W.map, b.off, b.ld, BF16_NR)
+    bgemm_panels(A, a, W.q, Panels(q0 + k0 // 2 * BF16_NR, (d_in + 1) // 2 * BF16_NR, b.k, b.n), C, c, tile,
+                 accumulate, W.f, bias_off)
+
+
 overload(wgemm_block)(_weights_gemm(gemm_block))
 overload(wgemm_panels)(_weights_gemm(gemm_panels))
 
 
-def stored_map(d: int, dff: int, NR: int, fmt: str, layout) -> np.ndarray:
+def stored_map(d: int, dff: int, NR: int, fmt: str, layout, dot: str = "fp32") -> np.ndarray:
     """Stored's map for a block of d_model d and d_ff dff stored as ``fmt``: the float
     offsets of W_q, W_k, W_v, W_o, W_1, W_2 (layout: weight_layout's offsets), then each
-    one's first element in the stored array (in the order the backend concatenates them)."""
+    one's first element in the stored array (in the order the backend concatenates them:
+    stored rows, or with dot "bf16" bgemm's pair panels)."""
     from .layout import packed_len
     o_qkv, o_o, o_1, o_2 = layout[:4]
     step = packed_len(d, d, NR)
@@ -261,7 +295,7 @@ def stored_map(d: int, dff: int, NR: int, fmt: str, layout) -> np.ndarray:
     qoff, pos = [], 0
     for d_in, d_out in shapes:
         qoff.append(pos)
-        pos += d_out * stored_row(fmt, d_in)
+        pos += bf16_packed_size(d_in, d_out) if dot == "bf16" else d_out * stored_row(fmt, d_in)
     return np.array(moff + qoff, dtype=np.intp)
 
 

@@ -126,11 +126,14 @@ def test_stored_head_matches_the_reference(fmt, rng):
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("fmt, dot", [("fp32", "fp32")] + [(f, "fp32") for f in STORED] + [("int8", "int8"),
-                                                                                        ("int4", "int8")])
+                                                                                        ("int4", "int8"),
+                                                                                        ("bf16", "bf16")])
 def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     """A user of one format and dot compiles none of the others' loops (a first call pays
     only for its own), from an empty Numba cache: int8 and int4 with dot "int8" compile the
-    integer kernels (kernels.qdot) and not the widening ones, with dot "fp32" the reverse."""
+    integer kernels (kernels.qdot) and not the widening ones, with dot "fp32" the reverse;
+    bf16 blocks with dot "bf16" compile bgemm (and not stored_gemm), their head (stored
+    rows) the rounding of its rows and the widening row dot; bf16 with dot "fp32", no bgemm."""
     import json
     import os
     import subprocess
@@ -142,6 +145,8 @@ def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     builds = json.loads(p.stdout.strip().splitlines()[-1])
     if dot == "int8":
         own = {"gemv_int8", "round_blocks", "rounded_rows"}
+    elif dot == "bf16":
+        own = {"stored_bgemm", "bgemm_panels", "bgemm_packed", "bf16_rows", "dot_rows"}
     else:
         own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
     for name, n in builds.items():

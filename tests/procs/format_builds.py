@@ -1,6 +1,6 @@
 """Which stored-format kernels a process compiled: argv[1] is the format its block and
 head run in ("fp32", "bf16", "int8" or "int4"), argv[2] (optional, "fp32" unless given)
-their dot; prints one JSON line, kernel -> builds.  Run with NUMBA_CACHE_DIR set to an
+their dot ("fp32", "int8" or "bf16"); prints one JSON line, kernel -> builds.  Run with NUMBA_CACHE_DIR set to an
 empty folder (tests/test_formats_numba.py)."""
 
 import json
@@ -11,7 +11,7 @@ import numpy as np
 import tblock
 from tblock.backends.numba import lm_head, prepare_head
 from tblock.formats import quantize_matrix
-from tblock.kernels import qdot, qgemv, wgemm
+from tblock.kernels import bgemm, qdot, qgemv, wgemm
 
 fmt = sys.argv[1]
 dot = sys.argv[2] if len(sys.argv) > 2 else "fp32"
@@ -25,5 +25,6 @@ head = prepare_head(E if fmt == "fp32" else quantize_matrix(E.T, fmt, dot=dot), 
 lm_head(H[None], np.ones(128, np.float32), 1e-5, head, np.empty((1, 5, 100), np.float32))
 kernels = {"stored_gemm": wgemm.stored_gemm, "dot_rows": qgemv.dot_rows, "dot_q8": qgemv.dot_q8,
            "dot_q4": qgemv.dot_q4, "gemv_int8": qdot.gemv_int8, "round_blocks": qdot.round_blocks,
-           "rounded_rows": qdot.rounded_rows}
+           "rounded_rows": qdot.rounded_rows, "stored_bgemm": wgemm.stored_bgemm, "bgemm_panels": bgemm.bgemm_panels,
+           "bgemm_packed": bgemm.bgemm_packed, "bf16_rows": bgemm.bf16_rows}
 print(json.dumps({name: len(k.overloads) for name, k in kernels.items()}))

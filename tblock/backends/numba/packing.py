@@ -13,6 +13,7 @@ import numpy as np
 from ...config import BlockConfig
 from ...counting import flops
 from ...kernels.activations import ACTIVATION_CODES
+from ...kernels.bgemm import bf16_packed_size, pack_bf16_panels
 from ...kernels.gemm import pack_b, packed_size, panel_width
 from ...kernels.layout import bias_len, packed_len, weight_layout
 from ...kernels.qgemv import DOTS, stored_data
@@ -52,7 +53,8 @@ def pack_stored(weights) -> tuple:
     """(f, q, map, dot) for weights whose matrices are stored (kernels.wgemm): f the float32
     vectors of weight_layout, q the six stored matrices one after another, as the
     kernels read them (qgemv.stored_data), map their offsets (wgemm.stored_map), dot the
-    marker of how products are computed (qgemv.DOTS)."""
+    marker of how products are computed (qgemv.DOTS).  With dot "bf16", q holds the
+    matrices as bgemm's pair panels (uint32) instead of their stored rows."""
     d, dff = weights.w_ff1.shape
     NR = panel_width(np.float32)
     layout = weight_layout(d, dff, NR)
@@ -60,13 +62,33 @@ def pack_stored(weights) -> tuple:
     pack_vectors(weights, np.float32, f, layout)
     f.flags.writeable = False
     names = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+    dot = getattr(weights, "dot", "fp32")
+    q = bf16_panels(weights, names) if dot == "bf16" else stored_rows(weights, names)
+    q.flags.writeable = False
+    m = stored_map(d, dff, NR, weights.format, layout, dot)
+    m.flags.writeable = False
+    return f, q, m, DOTS[dot]
+
+
+def stored_rows(weights, names) -> np.ndarray:
+    """The matrices ``names`` as they are stored (qgemv.stored_data), one after another."""
     views = [stored_data(getattr(weights, n)) for n in names]
     q = aligned_empty(sum(v.size for v in views), views[0].dtype)
     q[:] = np.concatenate(views)
-    q.flags.writeable = False
-    m = stored_map(d, dff, NR, weights.format, layout)
-    m.flags.writeable = False
-    return f, q, m, DOTS[getattr(weights, "dot", "fp32")]
+    return q
+
+
+def bf16_panels(weights, names) -> np.ndarray:
+    """The bf16 matrices ``names`` as bgemm's pair panels (pack_bf16_panels), one after
+    another, each bf16_packed_size(d_in, d_out) uint32."""
+    mats = [getattr(weights, n) for n in names]
+    sizes = [bf16_packed_size(*m.shape) for m in mats]
+    q = aligned_empty(sum(sizes), np.uint32)
+    pos = 0
+    for m, n in zip(mats, sizes):
+        pack_bf16_panels(m.data, q[pos:pos + n])
+        pos += n
+    return q
 
 
 def pack_weights(weights, dtype) -> np.ndarray:
