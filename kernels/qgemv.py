@@ -21,7 +21,8 @@ near-equal ranges, one per task (the check and the rate: bench/bench_qgemv.py).
 
 A matrix whose dot is "int8" (tblock.formats) is multiplied by kernels.qdot instead: its
 kernels take ``stored_view``'s pair (the rows, DOTS["int8"]), so that the dot, like the
-format, is a type, and a caller compiles only the products it makes.
+format, is a type, and a caller compiles only the products it makes.  With dot "bf16"
+(DOTS["bf16"]) x is rounded to bf16 first (bgemm.bf16_rows) and the rows read as above.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from numba import prange
 from numba.core import types
 from numba.extending import overload
 
+from .bgemm import bf16_rows
 from .layout import row_piece
 from .options import build, kernel
 from .qdot import gemv_int8
@@ -182,6 +184,12 @@ def _rows_product(x, W, j0, j1, bias, y, accumulate):
     if isinstance(W, types.BaseTuple) and len(W) == 2 and W[1].dtype == types.int8:
         return lambda x, W, j0, j1, bias, y, accumulate: gemv_int8(
             x, 0, W[0], (x.size, 0, x.size, j0, j1), bias, y, 0, accumulate)
+    if isinstance(W, types.BaseTuple) and len(W) == 2 and W[1].dtype == types.uint16:
+        def rounded(x, W, j0, j1, bias, y, accumulate):     # dot "bf16": x rounded, then W's rows
+            xr = np.empty(x.size, dtype=np.float32)
+            bf16_rows(x, 0, x.size, 1, x.size, xr)
+            rows_product(xr, W[0], j0, j1, bias, y, accumulate)
+        return rounded
     return None
 
 
