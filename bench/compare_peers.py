@@ -396,8 +396,8 @@ def main(argv=None):
     print("versions: " + ", ".join(f"{k} {x or 'not installed'}" for k, x in v.items()))
     for n, why in results["not_run"].items():
         print(f"not run: {peers.LABELS[n]}: {why}")
-    print(f"{'bf16 (weights and products' inputs)' if args.bf16 else 'float32'}, causal Pre-LN, tanh GELU, "
-          f"no biases; median time per call of interleaved rounds"
+    precision = "bf16 (weights, and the inputs of their products)" if args.bf16 else "float32"
+    print(f"{precision}, causal Pre-LN, tanh GELU, no biases; median time per call of interleaved rounds"
           f"{' (quick)' if args.quick else ''}\n", flush=True)
 
     for d, h, T, B in args.points or POINTS:
