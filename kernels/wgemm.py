@@ -217,24 +217,21 @@ def _row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
 
 def rows_as_dot(A, a, i0, i1, k, dot):
     """(A, a) as a many-row product with ``dot`` takes rows i0:i1 of A's k columns (a:
-    Rows): as they are, or rounded to int8 blocks into a new array (qdot.rounded_rows)."""
+    Rows): as they are, or rounded into a new array (qdot.rounded_rows to int8 blocks,
+    bgemm.bf16_rows to bf16)."""
 
 
 @overload(rows_as_dot)
 def _rows_as_dot(A, a, i0, i1, k, dot):
-    if dot.dtype == types.int8:
-        def rounded(A, a, i0, i1, k, dot):
-            out = np.empty((i1 - i0) * k, dtype=np.float32)
-            rounded_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
-            return out, Rows(-i0 * k, k)        # row i at (i - i0) * k
-        return rounded
-    if dot.dtype == types.uint16:
-        def rounded16(A, a, i0, i1, k, dot):
-            out = np.empty((i1 - i0) * k, dtype=np.float32)
-            bf16_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
-            return out, Rows(-i0 * k, k)
-        return rounded16
-    return lambda A, a, i0, i1, k, dot: (A, a)
+    if dot.dtype not in (types.int8, types.uint16):
+        return lambda A, a, i0, i1, k, dot: (A, a)
+    round_rows = rounded_rows if dot.dtype == types.int8 else bf16_rows     # int8 blocks, or bf16
+
+    def rounded(A, a, i0, i1, k, dot):
+        out = np.empty((i1 - i0) * k, dtype=np.float32)
+        round_rows(A, a.off + i0 * a.ld, a.ld, i1 - i0, k, out)
+        return out, Rows(-i0 * k, k)        # row i at (i - i0) * k
+    return rounded
 
 
 @kernel(readonly=("A",), internal=True)
