@@ -31,8 +31,8 @@ A stored format keeps the same K^T panels (NR of float32) in its own type and V 
 of d_k rounded up to 16; int8 keeps each scale beside its values, in the same int8 array
 (kernels.kvstore reads it there): a K^T panel's d_k rows of NR bytes are followed by its
 NR keys' float32 scales, and a V row by its float32 scale.  ``K_scales``/``V_scales``
-give them as (batch, n_heads, max_T) float32.
-``keys()``/``values()`` give them as (batch, length, d_model) rows, and the reference
+give them as (batch, n_kv_heads, max_T) float32.
+``keys()``/``values()`` give them as (batch, length, d_kv) rows, and the reference
 backends read and write them through ``head_rows`` (the exact values) and ``store`` (which
 rounds).  The memory is allocated once, and nothing grows per token.  Beside them,
 ``work`` holds the numba kernels' scratch for a decode step, so that a step allocates no
@@ -76,13 +76,14 @@ def check_kv_format(fmt, dtype, name: str = "format") -> str:
 
 def kv_bytes_per_token(cfg: BlockConfig, fmt: str = "fp32", dtype=np.float32) -> int:
     """The bytes one token's keys and values take in one block's cache, one sequence, in
-    format ``fmt`` (padding left out): 2 * d_model values, plus int8's 2 * n_heads scales."""
+    format ``fmt`` (padding left out): 2 * d_kv values (d_model without grouped-query
+    attention), plus int8's 2 * n_kv_heads scales."""
     fmt = check_kv_format(fmt, dtype)
-    d = cfg.d_model
+    d = cfg.d_kv
     if fmt == "bf16":
         return 2 * d * 2
     if fmt == "int8":
-        return 2 * (d + 4 * cfg.n_heads)
+        return 2 * (d + 4 * cfg.kv_heads)
     return 2 * d * np.dtype(dtype).itemsize
 
 
@@ -137,7 +138,7 @@ class KVCache:
         stored = fmt in STORED_KV
         self.nr = NR = _panel_width(dtype)
         self.panels = -(-self.max_T // NR)          # K^T panels of NR keys per head
-        dk, h = cfg.d_k, cfg.n_heads
+        dk, h = cfg.d_k, cfg.kv_heads           # the K/V heads only: grouped-query attention's saving
         self._extra = SCALE_BYTES if fmt == "int8" else 0
         # V's row: d_k rounded up to NR (a stored format's: to V_ROUND, then int8's scale)
         self._vrow = -(-dk // (V_ROUND if stored else NR)) * (V_ROUND if stored else NR)
@@ -163,14 +164,14 @@ class KVCache:
 
     @property
     def K_scales(self) -> np.ndarray:
-        """int8: a copy of the keys' scales, (batch, n_heads, max_T) float32; empty otherwise."""
+        """int8: a copy of the keys' scales, (batch, n_kv_heads, max_T) float32; empty otherwise."""
         if not self._extra:
             return np.empty(0, np.float32)
-        return np.stack([self._k_parts(b)[1].reshape(self.cfg.n_heads, -1)[:, :self.max_T] for b in range(self.batch)])
+        return np.stack([self._k_parts(b)[1].reshape(self.cfg.kv_heads, -1)[:, :self.max_T] for b in range(self.batch)])
 
     @property
     def V_scales(self) -> np.ndarray:
-        """int8: a copy of the values' scales, (batch, n_heads, max_T) float32; empty otherwise."""
+        """int8: a copy of the values' scales, (batch, n_kv_heads, max_T) float32; empty otherwise."""
         if not self._extra:
             return np.empty(0, np.float32)
         return np.stack([self._v_parts(b)[1] for b in range(self.batch)])
@@ -232,24 +233,24 @@ class KVCache:
         self._length = 0
 
     def _k_parts(self, b: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Sequence b's K^T panels as (n_heads, panels, d_k, NR) and int8's scales as
-        (n_heads, panels, NR) float32 (None in another format): views."""
-        h, dk, NR = self.cfg.n_heads, self.cfg.d_k, self.nr
+        """Sequence b's K^T panels as (n_kv_heads, panels, d_k, NR) and int8's scales as
+        (n_kv_heads, panels, NR) float32 (None in another format): views."""
+        h, dk, NR = self.cfg.kv_heads, self.cfg.d_k, self.nr
         K = self.K[b].reshape(h, self.panels, (dk + self._extra) * NR)
         data = K[:, :, :dk * NR].reshape(h, self.panels, dk, NR) if self._extra else K.reshape(h, self.panels, dk, NR)
         return data, (K[:, :, dk * NR:].view(np.float32) if self._extra else None)
 
     def _v_parts(self, b: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Sequence b's V rows as (n_heads, max_T, d_k) and int8's scales as (n_heads, max_T)
+        """Sequence b's V rows as (n_kv_heads, max_T, d_k) and int8's scales as (n_kv_heads, max_T)
         float32 (None in another format): views."""
         V = self.V[b]
         return V[:, :, :self.cfg.d_k], (V[:, :, self._vrow:].view(np.float32)[:, :, 0] if self._extra else None)
 
     def head_rows(self, b: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sequence b's keys and values of tokens 0..end-1, (n_heads, end, d_k) each: their
+        """Sequence b's keys and values of tokens 0..end-1, (n_kv_heads, end, d_k) each: their
         exact values, new arrays, in the cache's dtype (bf16's are float32s), float64 for
         int8 (d * q need not be a float32)."""
-        h, dk = self.cfg.n_heads, self.cfg.d_k
+        h, dk = self.cfg.kv_heads, self.cfg.d_k
         Kt, ks = self._k_parts(b)
         K = Kt.transpose(0, 1, 3, 2).reshape(h, self.panels * self.nr, dk)[:, :end]     # (h, keys, d_k)
         V, vs = self._v_parts(b)
@@ -262,7 +263,7 @@ class KVCache:
         return K.copy(), V.copy()
 
     def store(self, b: int, pos: int, K: np.ndarray, V: np.ndarray) -> None:
-        """Write sequence b's keys and values of tokens pos..pos+n-1, K and V (n_heads, n, d_k),
+        """Write sequence b's keys and values of tokens pos..pos+n-1, K and V (n_kv_heads, n, d_k),
         in this cache's format: rounded to the dtype, and a stored format's rounding after
         it (the module docstring)."""
         t = np.arange(pos, pos + K.shape[1])
@@ -278,7 +279,7 @@ class KVCache:
             vs[:, pos:pos + V.shape[1]] = Vs
 
     def _rounded(self, X: np.ndarray, name: str):
-        """(X as this cache stores it, its int8 scales or None) for X (n_heads, n, d_k)."""
+        """(X as this cache stores it, its int8 scales or None) for X (n_kv_heads, n, d_k)."""
         if self.format not in STORED_KV:
             return X.astype(self.dtype, copy=False), None
         x = np.asarray(X, dtype=np.float32)             # the value the kernels round: a float32
@@ -288,11 +289,11 @@ class KVCache:
         return quantize_rows_int8(x)
 
     def keys(self) -> np.ndarray:
-        """The cached keys as (batch, length, d_model): head h is columns h*d_k:(h+1)*d_k."""
+        """The cached keys as (batch, length, d_kv): K/V head h is columns h*d_k:(h+1)*d_k."""
         return np.stack([_rows(self.head_rows(b, self.length)[0]) for b in range(self.batch)])
 
     def values(self) -> np.ndarray:
-        """The cached values as (batch, length, d_model)."""
+        """The cached values as (batch, length, d_kv)."""
         return np.stack([_rows(self.head_rows(b, self.length)[1]) for b in range(self.batch)])
 
     def check(self, H3: np.ndarray, cfg: BlockConfig) -> None:
@@ -315,7 +316,7 @@ class KVCache:
 
 def _rows(X: np.ndarray) -> np.ndarray:
     h, T, dk = X.shape
-    return X.transpose(1, 0, 2).reshape(T, h * dk)     # (h, T, d_k) -> (T, d_model)
+    return X.transpose(1, 0, 2).reshape(T, h * dk)     # (h, T, d_k) -> (T, d_kv)
 
 
 def _from_bf16(X: np.ndarray) -> np.ndarray:

@@ -15,20 +15,23 @@ from .config import BlockConfig
 from .formats import QuantizedMatrix, check_dot, check_format, quantize_matrix
 
 # (name, shape as a function of the config); the optional ones follow the flags
-MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+MATRICES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")   # every block has these six
+GATED = ("w_gate",)                                         # and the gated FFN this one
 FFN_BIASES = ("b_ff1", "b_ff2")
 ATTN_BIASES = ("b_q", "b_k", "b_v", "b_o")
+QKV_BIASES = ("b_q", "b_k", "b_v")
 LN_AFFINES = ("ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta")
+LN_GAINS, LN_SHIFTS = ("ln1_gamma", "ln2_gamma"), ("ln1_beta", "ln2_beta")
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def expected_shape(name: str, cfg: BlockConfig) -> tuple[int, ...]:
-    d, f = cfg.d_model, cfg.d_ff
+    d, f, kv = cfg.d_model, cfg.d_ff, cfg.d_kv
     return {
-        "w_q": (d, d), "w_k": (d, d), "w_v": (d, d), "w_o": (d, d),
-        "w_ff1": (d, f), "w_ff2": (f, d),
-        "b_ff1": (f,), "b_ff2": (d,),
-        "b_q": (d,), "b_k": (d,), "b_v": (d,), "b_o": (d,),
+        "w_q": (d, d), "w_k": (d, kv), "w_v": (d, kv), "w_o": (d, d),
+        "w_ff1": (d, f), "w_ff2": (f, d), "w_gate": (d, f),
+        "b_ff1": (f,), "b_ff2": (d,), "b_gate": (f,),
+        "b_q": (d,), "b_k": (kv,), "b_v": (kv,), "b_o": (d,),
         "ln1_gamma": (d,), "ln1_beta": (d,), "ln2_gamma": (d,), "ln2_beta": (d,),
     }[name]
 
@@ -86,6 +89,8 @@ class BlockWeights:
     w_o: np.ndarray              # (d_model, d_model) output projection after the head concat
     w_ff1: np.ndarray            # (d_model, d_ff) FFN up-projection
     w_ff2: np.ndarray            # (d_ff, d_model) FFN down-projection
+    w_gate: np.ndarray | None = None     # (d_model, d_ff) the gated FFN's gate, with cfg.ffn "gated"
+    b_gate: np.ndarray | None = None     # (d_ff,) its bias, with cfg.ffn_bias
     b_ff1: np.ndarray | None = None      # (d_ff,) FFN hidden bias, with cfg.ffn_bias
     b_ff2: np.ndarray | None = None      # (d_model,) FFN output bias, with cfg.ffn_bias
     ln1_gamma: np.ndarray | None = None  # (d_model,) LN1 gain, with cfg.ln_affine
@@ -93,9 +98,9 @@ class BlockWeights:
     ln2_gamma: np.ndarray | None = None  # (d_model,) LN2 gain
     ln2_beta: np.ndarray | None = None   # (d_model,) LN2 shift
     b_q: np.ndarray | None = None        # (d_model,) query bias, with cfg.attn_bias
-    b_k: np.ndarray | None = None        # (d_model,) key bias
-    b_v: np.ndarray | None = None        # (d_model,) value bias
-    b_o: np.ndarray | None = None        # (d_model,) output-projection bias
+    b_k: np.ndarray | None = None        # (d_kv,) key bias
+    b_v: np.ndarray | None = None        # (d_kv,) value bias
+    b_o: np.ndarray | None = None        # (d_model,) output-projection bias, with cfg.out_bias
     # per-config validation results and backend-prepared arrays (fused QKV, casts):
     # safe to cache because every array above is a private copy nobody can make writeable
     # (frozen_copy); init=False, so dataclasses.replace builds a fresh one instead of
@@ -107,12 +112,13 @@ class BlockWeights:
 
     def __post_init__(self):
         arrays = {}
-        stored = {n: getattr(self, n) for n in MATRICES if isinstance(getattr(self, n), QuantizedMatrix)}
-        if stored and (len(stored) < len(MATRICES) or len({(m.format, m.dot) for m in stored.values()}) > 1):
+        names = self.matrix_names
+        stored = {n: getattr(self, n) for n in names if isinstance(getattr(self, n), QuantizedMatrix)}
+        if stored and (len(stored) < len(names) or len({(m.format, m.dot) for m in stored.values()}) > 1):
             kinds = ", ".join(f"{n}: " + (f"{getattr(self, n).format} (dot {getattr(self, n).dot})" if n in stored
-                                          else "float") for n in MATRICES)
-            raise ValueError(f"the six matrices must share one format and dot, got {kinds}")
-        for name in MATRICES + FFN_BIASES + LN_AFFINES + ATTN_BIASES:
+                                          else "float") for n in names)
+            raise ValueError(f"the matrices must share one format and dot, got {kinds}")
+        for name in MATRICES + GATED + FFN_BIASES + ("b_gate",) + LN_AFFINES + ATTN_BIASES:
             value = getattr(self, name)
             if value is None:
                 if name in MATRICES:
@@ -120,13 +126,15 @@ class BlockWeights:
                 continue
             if name in stored:
                 continue                    # checked and frozen by QuantizedMatrix itself
-            ndim = 2 if name in MATRICES else 1
+            ndim = 2 if name in MATRICES + GATED else 1
             a = as_float_array(name, value, ndim)
             check_finite(name, a)
             arrays[name] = a
         if any(arrays.get(n) is None for n in FFN_BIASES) and any(arrays.get(n) is not None for n in FFN_BIASES):
             raise ValueError("b_ff1 and b_ff2 must be given together, got only one of them")
-        for group in (LN_AFFINES, ATTN_BIASES):
+        if arrays.get("b_gate") is not None and (arrays.get("w_gate") is None or arrays.get("b_ff1") is None):
+            raise ValueError("b_gate comes with w_gate and b_ff1, b_ff2")
+        for group in (LN_GAINS, LN_SHIFTS, QKV_BIASES):
             given = [n for n in group if arrays.get(n) is not None]
             if given and len(given) < len(group):
                 raise ValueError(f"{', '.join(group)} must be given together, got only {', '.join(given)}")
@@ -179,7 +187,7 @@ class BlockWeights:
         """arrays() as float arrays of ``dtype`` (default: self.dtype), stored matrices
         dequantized exactly: what a backend computing in floats multiplies by."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
-        return {n: self.matrix(n, dtype) if n in MATRICES else a.astype(dtype, copy=False)
+        return {n: self.matrix(n, dtype) if n in MATRICES + GATED else a.astype(dtype, copy=False)
                 for n, a in self.arrays().items()}
 
     @property
@@ -198,6 +206,15 @@ class BlockWeights:
     @property
     def has_attn_bias(self) -> bool:
         return self.b_q is not None
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.b_o is not None
+
+    @property
+    def matrix_names(self) -> tuple[str, ...]:
+        """The matrices present: the six, and w_gate for the gated FFN."""
+        return MATRICES + GATED if self.w_gate is not None else MATRICES
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays that are present, by name."""
@@ -219,14 +236,27 @@ class BlockWeights:
         if cfg.ln_affine != self.has_ln_affine:
             raise ValueError(f"{name}: cfg.ln_affine={cfg.ln_affine} but the weights "
                              f"{'have' if self.has_ln_affine else 'lack'} LayerNorm gamma/beta")
-        if cfg.attn_bias != self.has_attn_bias:
-            raise ValueError(f"{name}: cfg.attn_bias={cfg.attn_bias} but the weights "
-                             f"{'have' if self.has_attn_bias else 'lack'} b_q/b_k/b_v/b_o")
+        if (cfg.qkv_bias, cfg.out_bias) != (self.has_attn_bias, self.has_out_bias):
+            have = [n for n in ATTN_BIASES if getattr(self, n) is not None]
+            raise ValueError(f"{name}: cfg.attn_bias={cfg.attn_bias!r} asks for "
+                             f"{'b_q/b_k/b_v/b_o' if cfg.out_bias else 'b_q/b_k/b_v' if cfg.qkv_bias else 'no biases'} "
+                             f"but the weights have {'/'.join(have) if have else 'none'}")
+        if (cfg.ffn == "gated") != (self.w_gate is not None):
+            raise ValueError(f"{name}: cfg.ffn={cfg.ffn!r} but the weights "
+                             f"{'have' if self.w_gate is not None else 'lack'} w_gate")
+        if cfg.ffn == "gated" and cfg.ffn_bias != (self.b_gate is not None):
+            raise ValueError(f"{name}: cfg.ffn_bias={cfg.ffn_bias} with the gated FFN but the weights "
+                             f"{'have' if self.b_gate is not None else 'lack'} b_gate")
+        shifts = self.ln1_beta is not None
+        if self.has_ln_affine and shifts != (cfg.norm_type == "layernorm"):
+            raise ValueError(f"{name}: cfg.norm_type={cfg.norm_type!r} but the weights "
+                             f"{'have' if shifts else 'lack'} the norms' beta (RMSNorm has gamma only)")
         for field_name, a in self.arrays().items():
             want = expected_shape(field_name, cfg)
             if tuple(a.shape) != want:
+                kv = f", n_kv_heads={cfg.kv_heads}" if cfg.kv_heads != cfg.n_heads else ""
                 raise ValueError(f"{name}.{field_name} must have shape {want} for d_model={cfg.d_model}, "
-                                 f"d_ff={cfg.d_ff}, got {a.shape}")
+                                 f"d_ff={cfg.d_ff}{kv}, got {a.shape}")
         self._cache[key] = True
         self._cache["last_checked"] = cfg
         return self
@@ -277,7 +307,7 @@ def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: fl
     if not np.isfinite(branch_scale):
         raise ValueError(f"branch_scale must be finite, got {branch_scale}")
     rng = np.random.default_rng(seed)
-    d, f = cfg.d_model, cfg.d_ff
+    d, f, kv = cfg.d_model, cfg.d_ff, cfg.d_kv
 
     def normal(shape, *scales):
         # drawn in float64 a block of rows at a time and cast block by block: the stream
@@ -297,19 +327,26 @@ def init_weights(cfg: BlockConfig, seed: int, dtype=np.float32, branch_scale: fl
     attn = 1.0 / np.sqrt(d)
     w = dict(
         w_q=normal((d, d), attn),
-        w_k=normal((d, d), attn),
-        w_v=normal((d, d), attn),
+        w_k=normal((d, kv), attn),
+        w_v=normal((d, kv), attn),
         w_o=normal((d, d), attn, branch_scale),
         w_ff1=normal((d, f), np.sqrt(2.0 / d)),
         w_ff2=normal((f, d), np.sqrt(2.0 / f), branch_scale),
     )
+    if cfg.ffn == "gated":                  # drawn last: the lesson's block draws what it always drew
+        w.update(w_gate=normal((d, f), np.sqrt(2.0 / d)))
     if cfg.ffn_bias:
         w.update(b_ff1=np.zeros(f, dtype), b_ff2=np.zeros(d, dtype))
-    if cfg.attn_bias:
-        w.update(b_q=np.zeros(d, dtype), b_k=np.zeros(d, dtype), b_v=np.zeros(d, dtype), b_o=np.zeros(d, dtype))
+        if cfg.ffn == "gated":
+            w.update(b_gate=np.zeros(f, dtype))
+    if cfg.qkv_bias:
+        w.update(b_q=np.zeros(d, dtype), b_k=np.zeros(kv, dtype), b_v=np.zeros(kv, dtype))
+    if cfg.out_bias:
+        w.update(b_o=np.zeros(d, dtype))
     if cfg.ln_affine:
-        w.update(ln1_gamma=np.ones(d, dtype), ln1_beta=np.zeros(d, dtype),
-                 ln2_gamma=np.ones(d, dtype), ln2_beta=np.zeros(d, dtype))
+        w.update(ln1_gamma=np.ones(d, dtype), ln2_gamma=np.ones(d, dtype))
+        if cfg.norm_type == "layernorm":
+            w.update(ln1_beta=np.zeros(d, dtype), ln2_beta=np.zeros(d, dtype))
     return BlockWeights(**w)
 
 
@@ -327,6 +364,6 @@ def quantize(weights: BlockWeights, format: str, dot: str = "fp32") -> BlockWeig
         raise ValueError(f"weights are stored as {weights.format} already: quantize the float weights")
     a = {n: np.asarray(v, np.float32) for n, v in weights.arrays().items()}
     if format != "fp32":
-        for n in MATRICES:
+        for n in weights.matrix_names:
             a[n] = quantize_matrix(a[n], format, name=n, dot=dot)
     return BlockWeights(**a)

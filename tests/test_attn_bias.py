@@ -126,7 +126,7 @@ def test_init_weights_gives_zero_biases():
 
 def test_biases_must_come_together():
     a = tblock.init_weights(tblock.BlockConfig(d_model=8, n_heads=2), seed=0).arrays()
-    with pytest.raises(ValueError, match="b_q, b_k, b_v, b_o must be given together, got only b_q, b_o"):
+    with pytest.raises(ValueError, match="b_q, b_k, b_v must be given together, got only b_q"):
         tblock.BlockWeights(**a, b_q=np.zeros(8), b_o=np.zeros(8))
 
 
@@ -134,9 +134,9 @@ def test_config_and_weights_must_agree():
     cfg = tblock.BlockConfig(d_model=8, n_heads=2)
     biased = tblock.BlockConfig(d_model=8, n_heads=2, attn_bias=True)
     H = np.zeros((3, 8))
-    with pytest.raises(ValueError, match="cfg.attn_bias=True but the weights lack b_q/b_k/b_v/b_o"):
+    with pytest.raises(ValueError, match="cfg.attn_bias=True asks for b_q/b_k/b_v/b_o but the weights have none"):
         tblock.forward(H, tblock.init_weights(cfg, seed=0), biased)
-    with pytest.raises(ValueError, match="cfg.attn_bias=False but the weights have b_q/b_k/b_v/b_o"):
+    with pytest.raises(ValueError, match="cfg.attn_bias=False asks for no biases but the weights have b_q/b_k/b_v/b_o"):
         tblock.forward(H, tblock.init_weights(biased, seed=0), cfg)
 
 
