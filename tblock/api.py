@@ -41,17 +41,18 @@ class Trace:
     """
     H_norm1: np.ndarray     # (T, d_model) LN1 output
     Q: np.ndarray           # (T, d_model) all heads' queries; head h is columns h*d_k:(h+1)*d_k
-    K: np.ndarray           # (T, d_model)
-    V: np.ndarray           # (T, d_model)
+    K: np.ndarray           # (T, d_kv) (d_model but for grouped-query attention); after rotary, if any
+    V: np.ndarray           # (T, d_kv)
     A: np.ndarray           # (n_heads, T, T) attention probabilities; A[h][t, i] weight of key i for query t
     out_concat: np.ndarray  # (T, d_model) head outputs side by side
     A_out: np.ndarray       # (T, d_model) MHA output = out_concat @ W_O
     H_mid: np.ndarray       # (T, d_model) stream after the first sublayer
     H_norm2: np.ndarray     # (T, d_model) LN2 output
-    F_pre: np.ndarray       # (T, d_ff) hidden pre-activation
-    F_post: np.ndarray      # (T, d_ff) hidden after the activation
+    F_pre: np.ndarray       # (T, d_ff) hidden pre-activation (the gated FFN's up projection X W1)
+    F_post: np.ndarray      # (T, d_ff) hidden after the activation (gated: act(F_gate) * F_pre)
     F_out: np.ndarray       # (T, d_model) FFN output
     H_out: np.ndarray       # (T, d_model) block output
+    F_gate: np.ndarray | None = None    # (T, d_ff) the gated FFN's gate X W_gate; None for the mlp
 
 
 def available_backends() -> list[str]:
@@ -210,7 +211,8 @@ def _checked_forward(H, weights, cfg, backend, trace, cache):
         return H_out
     if flat:
         tr = {k: v[0] for k, v in tr.items()}                    # drop the batch axis of 1
-    return H_out, Trace(**{k: np.asarray(tr[k], dtype=H.dtype) for k in TRACE_NAMES})
+    names = TRACE_NAMES + (("F_gate",) if cfg.ffn == "gated" else ())
+    return H_out, Trace(**{k: np.asarray(tr[k], dtype=H.dtype) for k in names})
 
 
 def _prepare_call(weights, cfg, name: str, module) -> None:

@@ -12,7 +12,7 @@ from scipy.special import erf
 
 from ..config import BlockConfig
 from ..formats import flush_subnormals, round_inputs
-from ..weights import MATRICES, BlockWeights
+from ..weights import BlockWeights
 
 
 def layernorm(X, gamma=None, beta=None, eps=1e-5):
@@ -23,6 +23,20 @@ def layernorm(X, gamma=None, beta=None, eps=1e-5):
     if gamma is not None:
         Y = Y * gamma + beta
     return Y
+
+
+def rmsnorm(X, gamma=None, eps=1e-5):
+    """Scale each row to unit root mean square (no mean taken out), then the gain gamma."""
+    Y = X / np.sqrt((X ** 2).mean(axis=1, keepdims=True) + eps)     # (T, d_model)
+    return Y if gamma is None else Y * gamma
+
+
+def norm(cfg, w, i):
+    """The block's norm number i (1 or 2) as a function of X: LayerNorm or RMSNorm, its affine."""
+    gamma, beta = w.get(f"ln{i}_gamma"), w.get(f"ln{i}_beta")
+    if cfg.norm_type == "rmsnorm":
+        return lambda X: rmsnorm(X, gamma, eps=cfg.eps)
+    return lambda X: layernorm(X, gamma, beta, eps=cfg.eps)
 
 
 def causal_mask(T):
@@ -49,28 +63,51 @@ def relu(x):
     return np.maximum(x, 0.0)
 
 
-ACTIVATION = {"gelu_tanh": gelu_tanh, "gelu_erf": gelu_erf, "relu": relu}
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+ACTIVATION = {"gelu_tanh": gelu_tanh, "gelu_erf": gelu_erf, "relu": relu, "silu": silu}
+
+
+def rotary(X, positions, cfg):
+    """Hugging Face's rotate-half rotary embedding of X's heads (T, n * d_k): in each head the
+    pair (x_j, x_{j + d_k/2}) at position t turns by t / rope_scale * rope_theta^(-2j/d_k)."""
+    half = cfg.d_k // 2
+    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(half) * 2.0 / cfg.d_k)          # (d_k/2,)
+    angle = np.asarray(positions, np.float64)[:, None] / cfg.rope_scale * inv_freq  # (T, d_k/2)
+    c, s = np.cos(angle), np.sin(angle)
+    Y = np.empty_like(X)
+    for h in range(X.shape[1] // cfg.d_k):
+        x1, x2 = X[:, h * cfg.d_k:h * cfg.d_k + half], X[:, h * cfg.d_k + half:(h + 1) * cfg.d_k]
+        Y[:, h * cfg.d_k:h * cfg.d_k + half] = x1 * c - x2 * s
+        Y[:, h * cfg.d_k + half:(h + 1) * cfg.d_k] = x2 * c + x1 * s
+    return Y
 
 
 def head_probs(Q, K, n_heads, probs, dtype=np.float64):
-    """A[h] = probs(Q_h K_h^T) for each head h, where Q_h, K_h are its d_k columns; every
+    """A[h] = probs(Q_h K_g^T) for each head h, where Q_h is its d_k columns and K_g those of
+    the K head it reads (g = h // group: grouped-query attention, K with fewer heads); every
     attention in the package (self, cross, with dropout, the trace paths) starts here."""
     d_k = Q.shape[1] // n_heads
+    group = Q.shape[1] // K.shape[1]                        # query heads per K/V head
     A = np.empty((n_heads, Q.shape[0], K.shape[0]), dtype=dtype)
     for h in range(n_heads):
-        cols = slice(h * d_k, (h + 1) * d_k)                # head h's d_k columns
-        A[h] = probs(Q[:, cols] @ K[:, cols].T)             # (T_q, T_k)
+        g = h // group
+        A[h] = probs(Q[:, h * d_k:(h + 1) * d_k] @ K[:, g * d_k:(g + 1) * d_k].T)   # (T_q, T_k)
     return A
 
 
-def head_mix(A, V, dtype):
-    """out_concat: head h's A[h] @ V_h written into its own d_k columns."""
+def head_mix(A, V, dtype, d_k=None):
+    """out_concat: head h's A[h] @ V_g written into its own d_k columns, where V_g is the V
+    head it reads (g = h // group; d_k defaults to V's width over the heads: no grouping)."""
     n_heads, T, _ = A.shape
-    d_k = V.shape[1] // n_heads
-    out = np.empty((T, V.shape[1]), dtype=dtype)
+    d_k = V.shape[1] // n_heads if d_k is None else d_k
+    group = n_heads * d_k // V.shape[1]
+    out = np.empty((T, n_heads * d_k), dtype=dtype)
     for h in range(n_heads):
-        cols = slice(h * d_k, (h + 1) * d_k)
-        out[:, cols] = A[h] @ V[:, cols]                    # (T, d_k) into its slice
+        g = h // group
+        out[:, h * d_k:(h + 1) * d_k] = A[h] @ V[:, g * d_k:(g + 1) * d_k]   # (T, d_k) into its slice
     return out
 
 
@@ -88,7 +125,7 @@ def masked_softmax(cfg, T):
 def attention_core(Q, K, V, cfg):
     """Per head: score -> mask -> softmax -> weighted sum; returns out_concat and A."""
     A = head_probs(Q, K, cfg.n_heads, masked_softmax(cfg, Q.shape[0]))
-    return head_mix(A, V, Q.dtype), A
+    return head_mix(A, V, Q.dtype, cfg.d_k), A
 
 
 class RoundingMatrix:
@@ -109,24 +146,28 @@ def weight_arrays(weights: BlockWeights) -> dict:
     zeros, tblock.formats)."""
     w = weights.float_arrays(np.float64)
     if weights.dot == "bf16":
-        w.update({n: flush_subnormals(w[n]) for n in MATRICES})
+        w.update({n: flush_subnormals(w[n]) for n in weights.matrix_names})
     if weights.dot != "fp32":
-        w.update({n: RoundingMatrix(w[n], weights.dot) for n in MATRICES})
+        w.update({n: RoundingMatrix(w[n], weights.dot) for n in weights.matrix_names})
     return w
 
 
-def projections(X, w, cfg):
-    """Q, K, V of the rows of X, each (T, d_model), plus their biases with cfg.attn_bias."""
+def projections(X, w, cfg, past=0):
+    """Q (T, d_model), K and V (T, d_kv) of the rows of X, plus their biases with
+    cfg.attn_bias; with rotary positions Q and K turned for positions past .. past + T - 1."""
     Q, K, V = X @ w["w_q"], X @ w["w_k"], X @ w["w_v"]
-    if cfg.attn_bias:
+    if cfg.qkv_bias:
         Q, K, V = Q + w["b_q"], K + w["b_k"], V + w["b_v"]
+    if cfg.positions == "rotary":
+        t = past + np.arange(X.shape[0])
+        Q, K = rotary(Q, t, cfg), rotary(K, t, cfg)
     return Q, K, V
 
 
 def output_projection(out_concat, w, cfg):
     """A_out = out_concat W_O (+ b_O)."""
     A_out = out_concat @ w["w_o"]
-    return A_out + w["b_o"] if cfg.attn_bias else A_out
+    return A_out + w["b_o"] if cfg.out_bias else A_out
 
 
 def attention(X, w, cfg, trace):
@@ -144,26 +185,32 @@ def cached_attention(cache, b):
     0 .. past + i, the causal mask of the whole sequence."""
     def attend(X, w, cfg, trace):
         past, T_new = cache.length, X.shape[0]
-        Q, K, V = projections(X, w, cfg)
-        heads = lambda M: M.reshape(T_new, cfg.n_heads, cfg.d_k).transpose(1, 0, 2)  # (T, d) -> (h, T, d_k)
+        Q, K, V = projections(X, w, cfg, past)
+        heads = lambda M: M.reshape(T_new, cfg.kv_heads, cfg.d_k).transpose(1, 0, 2)  # (T, d_kv) -> (h, T, d_k)
         cache.store(b, past, heads(K), heads(V))
-        rows = lambda C: C.transpose(1, 0, 2).reshape(past + T_new, -1)    # (h, T, d_k) -> (T, d)
+        rows = lambda C: C.transpose(1, 0, 2).reshape(past + T_new, -1)    # (h, T, d_k) -> (T, d_kv)
         K_all, V_all = (rows(C).astype(np.float64) for C in cache.head_rows(b, past + T_new))
         keep = np.tril(np.ones((T_new, past + T_new), dtype=bool), k=past)
         scale = 1.0 / np.sqrt(cfg.d_k)
         A = head_probs(Q, K_all, cfg.n_heads, lambda S: softmax_rows(np.where(keep, S * scale, -np.inf)))
-        A_out = output_projection(head_mix(A, V_all, np.float64), w, cfg)
+        A_out = output_projection(head_mix(A, V_all, np.float64, cfg.d_k), w, cfg)
         trace.update(Q=Q, K=K, V=V, A=A, A_out=A_out)
         return A_out
     return attend
 
 
 def ffn(X, w, cfg, trace):
-    """FFN(X) = act(X W1 + b1) W2 + b2, row by row."""
+    """FFN(X) = act(X W1 + b1) W2 + b2, row by row; the gated FFN (SwiGLU with silu) multiplies
+    X W1 + b1 by act(X W_gate + b_gate) instead of taking act of it."""
     F_pre = X @ w["w_ff1"]                                  # (T, d_ff)
     if cfg.ffn_bias:
         F_pre = F_pre + w["b_ff1"]
-    F_post = ACTIVATION[cfg.activation](F_pre)
+    if cfg.ffn == "gated":
+        F_gate = X @ w["w_gate"] + (w["b_gate"] if cfg.ffn_bias else 0.0)   # (T, d_ff)
+        F_post = ACTIVATION[cfg.activation](F_gate) * F_pre
+        trace.update(F_gate=F_gate)
+    else:
+        F_post = ACTIVATION[cfg.activation](F_pre)
     F_out = F_post @ w["w_ff2"]                             # (T, d_model)
     if cfg.ffn_bias:
         F_out = F_out + w["b_ff2"]
@@ -175,19 +222,18 @@ def block_forward_one(H_in, w, cfg, attention=attention):
     """One sequence (T, d_model) through the block; returns H_out and the trace dict.
     ``attention(X, w, cfg, trace)`` is the MHA sublayer (cached_attention with a cache)."""
     tr = {}
-    ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
-    ln2 = (w.get("ln2_gamma"), w.get("ln2_beta"))
+    ln1, ln2 = norm(cfg, w, 1), norm(cfg, w, 2)            # LayerNorm (the lesson's) or RMSNorm
     if cfg.norm == "pre":
         # H_mid = H_in + MHA(LN1(H_in));  H_out = H_mid + FFN(LN2(H_mid))
-        tr["H_norm1"] = layernorm(H_in, *ln1, eps=cfg.eps)
+        tr["H_norm1"] = ln1(H_in)
         tr["H_mid"] = H_in + attention(tr["H_norm1"], w, cfg, tr)
-        tr["H_norm2"] = layernorm(tr["H_mid"], *ln2, eps=cfg.eps)
+        tr["H_norm2"] = ln2(tr["H_mid"])
         tr["H_out"] = tr["H_mid"] + ffn(tr["H_norm2"], w, cfg, tr)
     else:
         # H_mid = LN1(H_in + MHA(H_in));  H_out = LN2(H_mid + FFN(H_mid))
         # (the LN outputs are the stream itself: H_norm1 is H_mid, H_norm2 is H_out)
-        tr["H_norm1"] = tr["H_mid"] = layernorm(H_in + attention(H_in, w, cfg, tr), *ln1, eps=cfg.eps)
-        tr["H_norm2"] = tr["H_out"] = layernorm(tr["H_mid"] + ffn(tr["H_mid"], w, cfg, tr), *ln2, eps=cfg.eps)
+        tr["H_norm1"] = tr["H_mid"] = ln1(H_in + attention(H_in, w, cfg, tr))
+        tr["H_norm2"] = tr["H_out"] = ln2(tr["H_mid"] + ffn(tr["H_mid"], w, cfg, tr))
     return tr["H_out"], tr
 
 
@@ -229,10 +275,10 @@ def components(cfg, weights, dtype):
     cs.notes.append("the numpy oracle computes in float64 whatever the input dtype, "
                     "and always fills the full T x T score square")
     w = weight_arrays(weights)
-    ln1 = (w.get("ln1_gamma"), w.get("ln1_beta"))
+    ln1 = norm(cfg, w, 1)
 
     def layernorm_(X):
-        return layernorm(X.astype(np.float64), *ln1, eps=cfg.eps)
+        return ln1(X.astype(np.float64))
 
     def softmax(S):
         # the oracle's per-head step on scores that already carry the 1/sqrt(d_k) scale

@@ -28,8 +28,8 @@ from . import demo
 # line in the function's source (searched for, so edits move the highlight)
 CODE = (
     (demo.TinyLM.forward, {("embed", None): "x = E + P", ("predict", None): "p = softmax(logits"}),
-    (oracle.block_forward_one, {("add", "attention"): "layernorm(H_in + attention(",
-                                ("add", "ffn"): 'layernorm(tr["H_mid"] + ffn('}),
+    (oracle.block_forward_one, {("add", "attention"): "ln1(H_in + attention(",
+                                ("add", "ffn"): 'ln2(tr["H_mid"] + ffn('}),
     (oracle.attention, {("attend", None): "attention_core(Q, K, V, cfg)"}),
     (oracle.layernorm, {("norm", "attention"): "np.sqrt(var + eps)", ("norm", "ffn"): "np.sqrt(var + eps)"}),
     (oracle.ffn, {("ffn", None): "F_out = F_post @"}),
@@ -39,7 +39,7 @@ CODE = (
 VERBOSE = {
     "E": "embeddings", "P": "position_codes", "x": "stream", "x_in": "stream_in", "p": "probabilities",
     "ids": "token_ids", "t": "token_id", "i": "index", "l": "block", "w": "weights", "tr": "trace",
-    "cfg": "config", "H_in": "stream_in", "ln1": "norm1_affine", "ln2": "norm2_affine", "X": "rows",
+    "cfg": "config", "H_in": "stream_in", "ln1": "norm1", "ln2": "norm2", "X": "rows",
     "Q": "queries", "K": "keys", "V": "values", "A": "attention_weights", "out_concat": "head_outputs",
     "A_out": "attention_out", "mu": "mean", "var": "variance", "Y": "normalised",
     "F_pre": "hidden_pre", "F_post": "hidden", "F_out": "ffn_out",
