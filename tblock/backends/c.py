@@ -71,10 +71,32 @@ def _check(function: str, code: int) -> None:
                         ffi.string(lib.tb_status_message(code)).decode())
 
 
+# BlockConfig options the C reference does not compute yet, with the value it does compute:
+# refused by name, so no option is silently computed as the lesson's block
+_NOT_YET = (("norm_type", "layernorm"), ("ffn", "mlp"), ("positions", "none"))
+
+
+def _refuse_unsupported(cfg) -> None:
+    """ValueError naming the first option of cfg that the C reference does not compute."""
+    for name, computed in _NOT_YET:
+        if getattr(cfg, name) != computed:
+            raise ValueError(f"backend 'c' does not compute {name}={getattr(cfg, name)!r} yet "
+                             f"(only {name}={computed!r})")
+    if cfg.activation not in _ACTIVATIONS:
+        raise ValueError(f"backend 'c' does not compute activation={cfg.activation!r} yet "
+                         f"(only {tuple(_ACTIVATIONS)})")
+    if cfg.kv_heads != cfg.n_heads:
+        raise ValueError(f"backend 'c' does not compute n_kv_heads={cfg.n_kv_heads} yet "
+                         f"(only n_kv_heads = n_heads = {cfg.n_heads})")
+    if cfg.attn_bias not in (False, True):
+        raise ValueError(f"backend 'c' does not compute attn_bias={cfg.attn_bias!r} yet (only False or True)")
+
+
 def config_fields(cfg, dot: str = "fp32", kv: str = "fp32") -> dict:
     """The tb_config fields of a tblock.BlockConfig, as a dict; ``dot``: how products with
     the weights are computed (tblock.formats), "fp32", "int8" or "bf16"; ``kv``: the format of the
     KV cache a cached call's keys and values go to."""
+    _refuse_unsupported(cfg)
     lib = _extension().lib
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
                 norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
