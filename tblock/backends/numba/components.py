@@ -22,7 +22,7 @@ from ...kernels.softmax import masked_softmax_rows
 from ...kernels.stages import ffn_tile
 from ...kernels.tiles import MC, MF
 from ..components import ComponentSet, block_fn
-from .packing import packed
+from .packing import packed, refuse_unsupported
 from .parallel import parallel_call
 
 # not cached: Numba's on-disk cache is keyed on this file alone, so after a change to the
@@ -53,6 +53,7 @@ def _ffn(X, Wf, rows, d, dff, act, out, nthr):
 
 def components(cfg, weights, dtype):
     """The block's own kernels on the backend's own packed weights (one copy, one layout)."""
+    refuse_unsupported(cfg)
     cs = ComponentSet("numba", cfg, dtype, dtype)
     Wf = packed(weights, dtype)
     d, dff, n_heads = cfg.d_model, cfg.d_ff, cfg.n_heads

@@ -167,9 +167,27 @@ def cached_flops(B: int, T: int, past: int, per_row: int, per_key: int) -> int:
 # ----------------------------------------------------------------------------- plans
 
 
+def refuse_unsupported(cfg) -> None:
+    """ValueError naming the first option of cfg that this backend does not compute yet:
+    none is silently computed as the lesson's block."""
+    for name, computed in (("norm_type", "layernorm"), ("ffn", "mlp"), ("positions", "none")):
+        if getattr(cfg, name) != computed:
+            raise ValueError(f"backend 'numba' does not compute {name}={getattr(cfg, name)!r} yet "
+                             f"(only {name}={computed!r})")
+    if cfg.activation not in ACTIVATION_CODES:
+        raise ValueError(f"backend 'numba' does not compute activation={cfg.activation!r} yet "
+                         f"(only {tuple(ACTIVATION_CODES)})")
+    if cfg.kv_heads != cfg.n_heads:
+        raise ValueError(f"backend 'numba' does not compute n_kv_heads={cfg.n_kv_heads} yet "
+                         f"(only n_kv_heads = n_heads = {cfg.n_heads})")
+    if cfg.attn_bias not in (False, True):
+        raise ValueError(f"backend 'numba' does not compute attn_bias={cfg.attn_bias!r} yet (only False or True)")
+
+
 def make_plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then flop_terms)."""
+    refuse_unsupported(cfg)
     scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps)
     return (cfg, packed(weights, dtype), scalars) + flop_terms(cfg)
 

@@ -15,6 +15,7 @@ from ...kernels.layernorm import layernorm_rows
 from ...kernels.records import Rows
 from ...kernels.softmax import masked_softmax_rows
 from ..numpy import head_mix, head_probs
+from .packing import refuse_unsupported
 
 
 def trace_weights(weights, dtype):
@@ -43,6 +44,7 @@ def layernorm(X, P, eps):
 
 def forward_trace(H, weights, cfg):
     """(H_out, trace) for H (B, T, d): every intermediate, with the kernels' non-matmul parts."""
+    refuse_unsupported(cfg)
     dt = H.dtype
     w = trace_weights(weights, dt)
     B = H.shape[0]
