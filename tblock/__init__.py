@@ -55,8 +55,9 @@ __all__ = [
 # loaded on first use, so that `import tblock` stays as light as the block itself.
 _LAZY_SUBMODULES = ("lesson",)
 __all__ += list(_LAZY_SUBMODULES)
-# GPT-2 and its checkpoint loader (tblock.models): loaded on first use too
-_LAZY_NAMES = {"GPT2": "models.gpt2", "GPT2Config": "models.gpt2"}
+# the language models and their checkpoint loaders (tblock.models): loaded on first use too
+_LAZY_NAMES = {"GPT2": "models.gpt2", "GPT2Config": "models.gpt2", "Llama": "models.llama",
+               "LlamaConfig": "models.llama", "load": "models.auto"}
 __all__ += list(_LAZY_NAMES)
 
 

@@ -15,15 +15,17 @@ A language model (tblock.models) reaches a backend's kernels only through the ho
 
     prepare_head(E, dtype) -> head          the tied embedding E (vocab, d) made ready for
                                             lm_head (reference: E itself)
-    lm_head(H, ln_f, eps, head, out, scratch=False) -> out
+    lm_head(H, ln_f, eps, head, out, scratch=False, rms=False) -> out
                                             out (B, T, vocab) = LN_f(H) @ E^T for H (B, T, d),
-                                            ln_f = [gamma | beta] (reference: float64 NumPy)
-    prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head) -> step | None
+                                            ln_f = [gamma | beta]; rms: LN_f is RMSNorm (gamma
+                                            only, beta zeros) (reference: float64 NumPy)
+    prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head, rms=False) -> step | None
                                             after a checked one-token step with these caches:
                                             step(ids, caches, out=None) gives the next step's
                                             logits (B, vocab) in one call and advances the
                                             caches, or returns None, with nothing changed,
-                                            for a call it cannot serve (reference: no step)
+                                            for a call it cannot serve (reference: no step);
+                                            P (learned positions) is None with rotary ones
 """
 
 import numpy as np
@@ -49,13 +51,16 @@ def reference_prepare_head(E: np.ndarray, dtype) -> np.ndarray:
 
 
 def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndarray, out: np.ndarray,
-                      scratch: bool = False):
-    """LN_f and the tied head in float64, the result written into out."""
+                      scratch: bool = False, rms: bool = False):
+    """LN_f (LayerNorm, or RMSNorm with rms) and the head in float64, the result written into out."""
     d = H.shape[-1]
     X = H.astype(np.float64)
-    mu = X.mean(axis=-1, keepdims=True)
-    var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
-    Xn = (X - mu) / np.sqrt(var + eps) * ln_f[:d] + ln_f[d:]
+    if rms:
+        Xn = X / np.sqrt((X ** 2).mean(axis=-1, keepdims=True) + eps) * ln_f[:d]
+    else:
+        mu = X.mean(axis=-1, keepdims=True)
+        var = ((X - mu) ** 2).mean(axis=-1, keepdims=True)
+        Xn = (X - mu) / np.sqrt(var + eps) * ln_f[:d] + ln_f[d:]
     # head: E (vocab, d), or E^T stored (a QuantizedMatrix, dequantized exactly, its dot's
     # rounding of the rows first)
     if isinstance(head, QuantizedMatrix):
@@ -66,7 +71,7 @@ def reference_lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head: np.ndar
     return out
 
 
-def reference_prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head):
+def reference_prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head, rms=False):
     return None     # every step takes the checked path
 
 

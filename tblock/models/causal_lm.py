@@ -1,8 +1,10 @@
 """A causal language model on tblock's blocks: what every model family has in common.
 
-    h_0    = wte[ids] + wpe[past:past + T]    token embedding plus learned positions
+    h_0    = wte[ids] + wpe[past:past + T]    token embedding plus learned positions (none
+                                              where the blocks turn Q and K by rotary ones)
     h_l    = Block_l(h_{l-1}), l = 1..N       causal blocks: a tblock.Stack, on any backend
-    logits = LN_f(h_N) @ wte^T                the vocabulary head, tied to the embedding
+    logits = LN_f(h_N) @ W_head^T             the vocabulary head: wte itself (tied) or its own
+                                              matrix; LN_f a LayerNorm or an RMSNorm, as the blocks'
 
 ``CausalLM`` owns the embeddings, the stack, the head, the KV caches and the decoding
 loop (``generate``, ``stream``); a model family (models.gpt2) adds its config and its
@@ -46,11 +48,12 @@ class CausalLM:
     once made, so what a backend prepared from it (the packed head, a decode step) stays valid."""
 
     def __init__(self, cfg: BlockConfig, vocab_size: int, n_positions: int, embeddings, blocks, ln_f,
-                 dtype=np.float32):
-        """embeddings = (wte (vocab_size, d), wpe (n_positions, d)); blocks: one BlockWeights
-        a block, all of one format (float ones are copied into ``dtype``; stored ones,
-        tblock.quantize's, need dtype float32); ln_f = (gamma (d,), beta (d,)); every
-        array is copied into ``dtype``."""
+                 dtype=np.float32, head=None):
+        """embeddings = (wte (vocab_size, d), wpe (n_positions, d), or None with cfg.positions
+        "rotary"); blocks: one BlockWeights a block, all of one format (float ones are copied
+        into ``dtype``; stored ones, tblock.quantize's, need dtype float32); ln_f = (gamma (d,),
+        beta (d,), None for RMSNorm); head: the untied head's matrix (vocab_size, d) (stored:
+        its transpose, as wte), None to tie it to wte; every array is copied into ``dtype``."""
         dtype = check_dtype(dtype)
         d = cfg.d_model
 
@@ -63,12 +66,19 @@ class CausalLM:
             return a
 
         self.vocab_size, self.n_positions, self.dtype = vocab_size, n_positions, dtype
-        if isinstance(embeddings[0], QuantizedMatrix):
-            self.wte = self._stored_wte(embeddings[0], d)            # wte^T stored: (d, vocab), a row a token
-        else:
-            self.wte = own("wte", embeddings[0], (vocab_size, d))  # (vocab, d): row v is token v
-        self.wpe = own("wpe", embeddings[1], (n_positions, d))     # (n_positions, d): row t is position t
-        gamma, beta = (own(f"ln_f_{n}", v, (d,)) for n, v in zip(("gamma", "beta"), ln_f))
+        self.wte = self._matrix("wte", embeddings[0], own, d)      # (vocab, d): row v is token v
+        self.lm_head = None if head is None else self._matrix("head", head, own, d)   # None: tied to wte
+        if (embeddings[1] is None) != (cfg.positions == "rotary"):
+            raise ValueError(f"wpe (learned positions) must be {'None' if cfg.positions == 'rotary' else 'given'} "
+                             f"with cfg.positions={cfg.positions!r}")
+        # (n_positions, d): row t is position t; None: the blocks turn Q and K instead
+        self.wpe = None if embeddings[1] is None else own("wpe", embeddings[1], (n_positions, d))
+        self.rms = cfg.norm_type == "rmsnorm"   # LN_f is the blocks' kind of norm
+        if (ln_f[1] is None) != self.rms:
+            raise ValueError(f"ln_f's beta must be {'None' if self.rms else 'given'} with cfg.norm_type="
+                             f"{cfg.norm_type!r}")
+        gamma = own("ln_f_gamma", ln_f[0], (d,))
+        beta = np.zeros(d, dtype) if self.rms else own("ln_f_beta", ln_f[1], (d,))
         self.ln_f = frozen_copy(np.concatenate([gamma, beta]), dtype)     # (2d,): [gamma | beta]
         if isinstance(blocks, BlockWeights) or not isinstance(blocks, (list, tuple)):
             raise TypeError(f"blocks must be a list of BlockWeights, got {type(blocks).__name__}")
@@ -79,15 +89,27 @@ class CausalLM:
         self._heads = {}                        # backend name -> its prepare_head(wte), on first use
         self._step, self._step_backend = None, None     # the prepared decode step and its backend
 
-    def _stored_wte(self, wte: QuantizedMatrix, d: int) -> QuantizedMatrix:
-        # the tied head's matrix wte^T in a stored format (its rows are the tokens' embeddings)
-        if wte.shape != (d, self.vocab_size):
-            raise ValueError(f"a stored wte holds wte^T: shape (d_model, vocab_size) = {(d, self.vocab_size)}, "
-                             f"got {wte.shape}")
+    def _matrix(self, name: str, value, own, d: int):
+        """wte or the untied head: a (vocab, d) array in the model's dtype, or its transpose
+        (d, vocab) in a stored format (its rows are the tokens' rows)."""
+        if not isinstance(value, QuantizedMatrix):
+            return own(name, value, (self.vocab_size, d))
+        if value.shape != (d, self.vocab_size):
+            raise ValueError(f"a stored {name} holds {name}^T: shape (d_model, vocab_size) = "
+                             f"{(d, self.vocab_size)}, got {value.shape}")
         if self.dtype != np.float32:
-            raise ValueError(f"a {wte.format} wte computes in float32: the model's dtype must be float32, "
+            raise ValueError(f"a {value.format} {name} computes in float32: the model's dtype must be float32, "
                              f"got {self.dtype}")
-        return wte
+        return value
+
+    @property
+    def head_matrix(self):
+        """The head's matrix: the untied head's, or wte (tied)."""
+        return self.wte if self.lm_head is None else self.lm_head
+
+    def _norm_kw(self) -> dict:
+        # the hooks' keyword for an RMSNorm LN_f (backends predating it take LayerNorm's call)
+        return {"rms": True} if self.rms else {}
 
     def _cast(self, w, i: int) -> BlockWeights:
         # every block in the model's dtype, so the blocks run in the dtype the logits have
@@ -116,7 +138,7 @@ class CausalLM:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        for name in ("wte", "wpe", "ln_f"):     # pickle hands arrays back writeable
+        for name in ("wte", "wpe", "ln_f", "lm_head"):     # pickle hands arrays back writeable
             if isinstance(getattr(self, name), np.ndarray):         # a stored wte rebuilds frozen
                 setattr(self, name, frozen_copy(getattr(self, name), self.dtype))
 
@@ -132,15 +154,19 @@ class CausalLM:
 
     @property
     def head_format(self) -> str:
-        """How the tied embedding wte (the head's matrix) is stored; wpe and LN_f are always
-        in the model's dtype."""
-        w = self.wte
+        """How the head's matrix (the tied wte, or the untied head's) is stored; wpe and LN_f
+        are always in the model's dtype."""
+        w = self.head_matrix
         return w.format if isinstance(w, QuantizedMatrix) else ("fp64" if w.dtype == np.float64 else "fp32")
 
     def param_count(self) -> int:
-        """Parameters, the tied head counted once (a stored matrix counts its d_in * d_out)."""
+        """Parameters, a tied head counted once (a stored matrix counts its d_in * d_out),
+        RMSNorm's LN_f its gamma only."""
         blocks = sum(int(np.prod(a.shape)) for b in self.blocks for a in b.arrays().values())
-        return self.vocab_size * self.stack.cfg.d_model + self.wpe.size + blocks + self.ln_f.size
+        d = self.stack.cfg.d_model
+        matrices = self.vocab_size * d * (1 if self.lm_head is None else 2)
+        positions = 0 if self.wpe is None else self.wpe.size
+        return matrices + positions + blocks + (d if self.rms else 2 * d)
 
     def bytes_per_token(self, context: int = 0, cache_format: str = "fp32") -> int:
         """The bytes one decode step reads, with ``context`` keys and values per block in its
@@ -148,15 +174,16 @@ class CausalLM:
         matrices as stored, biases and LayerNorm affines), the head's matrix (wte as stored)
         and the caches' keys and values, n_layer * context * kv_bytes_per_token (2d values
         in the model's dtype for "fp32", 2 bytes each for "bf16", 1 for "int8" plus its
-        2 * n_head float32 scales: tblock.kvcache).  Not counted: LN_f's 2d values, the two
-        embedding rows the step adds, and activations (each O(d) or O(d_ff), not O(d^2))."""
+        2 * n_kv_heads float32 scales: tblock.kvcache; 2 * d_kv values with grouped-query
+        attention).  Not counted: LN_f's 2d values, the embedding rows the step adds, and
+        activations (each O(d) or O(d_ff), not O(d^2))."""
         context = check_int("context", context, 0)
         if context > self.n_positions:
             raise ValueError(f"context must be <= n_positions={self.n_positions}, got {context}")
         per_token = kv_bytes_per_token(self.stack.cfg, check_kv_format(cache_format, self.dtype, "cache_format"),
                                        self.dtype)
         blocks = sum(b.nbytes for b in self.blocks)
-        return blocks + self.wte.nbytes + len(self.blocks) * context * per_token
+        return blocks + self.head_matrix.nbytes + len(self.blocks) * context * per_token
 
     # --------------------------------------------------------------- forward
 
@@ -185,6 +212,8 @@ class CausalLM:
 
     def embed(self, ids2: np.ndarray, past: int = 0) -> np.ndarray:
         """h_0 of tokens ids2 (B, T) at positions past .. past + T - 1: (B, T, d)."""
+        if self.wpe is None:                    # rotary: the blocks know the positions
+            return self.embedding_rows(ids2)
         return self.embedding_rows(ids2) + self.wpe[past:past + ids2.shape[1]]
 
     def embedding_rows(self, ids2: np.ndarray) -> np.ndarray:
@@ -228,7 +257,7 @@ class CausalLM:
         return logits if np.ndim(ids) == 2 else logits[0]
 
     def head(self, H, backend: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        """LN_f(H) @ wte^T: the logits (B, T, vocab) of hidden states H (B, T, d) in the
+        """LN_f(H) @ W_head^T: the logits (B, T, vocab) of hidden states H (B, T, d) in the
         model's dtype, into ``out`` when given (a C-contiguous (B, T, vocab) array of it)."""
         name = self._backend(backend)
         H = as_float_array("H", H, 3)
@@ -247,13 +276,14 @@ class CausalLM:
         module = get_backend(backend)
         if out is None:
             out = np.empty(H.shape[:2] + (self.vocab_size,), dtype=self.dtype)
-        return lm_hook(module, "lm_head")(H, self.ln_f, self.eps, self._prepared_head(backend, module), out, scratch)
+        return lm_hook(module, "lm_head")(H, self.ln_f, self.eps, self._prepared_head(backend, module), out, scratch,
+                                          **self._norm_kw())
 
     def _prepared_head(self, backend: str, module):
-        """The backend's prepare_head of wte, made on first use."""
+        """The backend's prepare_head of the head's matrix, made on first use."""
         head = self._heads.get(backend)
         if head is None:
-            head = self._heads[backend] = lm_hook(module, "prepare_head")(self.wte, self.dtype)
+            head = self._heads[backend] = lm_hook(module, "prepare_head")(self.head_matrix, self.dtype)
         return head
 
     @staticmethod
@@ -328,7 +358,8 @@ class CausalLM:
         the next ones (None where it has none)."""
         module = get_backend(backend)
         self._step = lm_hook(module, "prepare_decode")(self.blocks, self.stack.cfg, cache, self.wte, self.wpe,
-                                                       self.ln_f, self.eps, self._prepared_head(backend, module))
+                                                       self.ln_f, self.eps, self._prepared_head(backend, module),
+                                                       **self._norm_kw())
         self._step_backend = backend
 
     @property

@@ -236,3 +236,32 @@ class Checkpoint:
         if e.dtype == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
         return a.reshape(e.shape).astype(dtype, copy=False)
+
+    def read_all(self, names: dict[str, str], want: dict[str, tuple], dtype, what: str) -> dict[str, np.ndarray]:
+        """The tensors ``want`` (canonical name -> shape) of a ``what`` (e.g. "a GPT-2 LM with
+        n_layer=12"), ``names`` mapping canonical names to stored ones: every one present, none
+        extra, every shape checked from the headers before any read, values finite, in
+        ``dtype``.  Every error names the tensor and its file."""
+        missing = [n for n in want if n not in names]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ValueError(f"{self.root}: the checkpoint lacks {', '.join(repr(n) for n in missing[:5])}{more} "
+                             f"(for {what})")
+        extra = [names[n] for n in names if n not in want]
+        if extra:
+            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+            raise ValueError(f"{self.root}: unexpected tensor {', '.join(repr(n) for n in extra[:5])}{more} "
+                             f"({what} has no such weight)")
+        for c, shape in want.items():
+            e = self.tensors[names[c]]
+            if e.shape != shape:
+                raise ValueError(f"{e.file}: tensor {names[c]!r} must have shape {shape} for {what}, got {e.shape}")
+        out = {}
+        for c in want:
+            a = self.read(names[c], dtype)
+            if not np.isfinite(a).all():
+                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+                raise ValueError(f"{self.tensors[names[c]].file}: tensor {names[c]!r} must be finite, "
+                                 f"found {a[bad]} at index {bad}")
+            out[c] = a
+        return out
