@@ -52,6 +52,11 @@ static const char *const STATUS_NAMES[TB_STATUS_COUNT] = {
     [TB_ERR_NOT_FINITE]        = "TB_ERR_NOT_FINITE",
     [TB_ERR_DOT]               = "TB_ERR_DOT",
     [TB_ERR_KV]                = "TB_ERR_KV",
+    [TB_ERR_NORM_TYPE]         = "TB_ERR_NORM_TYPE",
+    [TB_ERR_FFN]               = "TB_ERR_FFN",
+    [TB_ERR_POSITIONS]         = "TB_ERR_POSITIONS",
+    [TB_ERR_ROPE]              = "TB_ERR_ROPE",
+    [TB_ERR_KV_HEADS]          = "TB_ERR_KV_HEADS",
 };
 
 static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
@@ -59,14 +64,17 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_NULL_ARG]          = "a required pointer argument is NULL",
     [TB_ERR_NULL_WEIGHT]       = "a weight the config needs is NULL (or LayerNorm gamma is given without beta)",
     [TB_ERR_UNEXPECTED_WEIGHT] = "an optional weight is given although the config says it is absent "
-                                 "(has_ffn_bias / has_ln_affine / has_attn_bias is 0)",
+                                 "(has_ffn_bias / has_ln_affine / has_attn_bias is 0, b_o without "
+                                 "TB_BIAS_QKVO, a beta with RMSNorm, w_gate / b_gate without the gated FFN)",
     [TB_ERR_NULL_TRACE]        = "a trace struct is given but one of its arrays is NULL",
     [TB_ERR_DIM]               = "a dimension (B, T, d_model, n_heads, d_ff, rows, cols, d_in or d_out) is < 1",
-    [TB_ERR_HEADS]             = "d_model is not divisible by n_heads",
+    [TB_ERR_HEADS]             = "d_model is not divisible by n_heads (tb_rotary_rows: cols is not a multiple of d_k)",
     [TB_ERR_HEAD_INDEX]        = "the head index is outside 0 .. n_heads-1",
     [TB_ERR_NORM]              = "norm is not TB_NORM_PRE (0) or TB_NORM_POST (1)",
-    [TB_ERR_ACTIVATION]        = "activation is not TB_ACT_GELU_TANH (0), TB_ACT_GELU_ERF (1) or TB_ACT_RELU (2)",
-    [TB_ERR_FLAG]              = "a flag (causal, has_ffn_bias, has_ln_affine, has_attn_bias) is not 0 or 1",
+    [TB_ERR_ACTIVATION]        = "activation is not TB_ACT_GELU_TANH (0), TB_ACT_GELU_ERF (1), TB_ACT_RELU (2) "
+                                 "or TB_ACT_SILU (3)",
+    [TB_ERR_FLAG]              = "a flag (causal, has_ffn_bias, has_ln_affine) is not 0 or 1, or has_attn_bias "
+                                 "is not TB_BIAS_NONE (0), TB_BIAS_QKVO (1) or TB_BIAS_QKV (2)",
     [TB_ERR_EPS]               = "eps must be positive and finite",
     [TB_ERR_OVERFLOW]          = "a buffer size computed from the dimensions does not fit in size_t",
     [TB_ERR_INPUT_SIZE]        = "an input buffer is shorter than its shape needs",
@@ -79,7 +87,7 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
                                  "a new token would change the earlier rows",
     [TB_ERR_CACHE_RANGE]       = "the new tokens do not fit in the cache: past must be >= 0 and "
                                  "past + T_new <= max_T",
-    [TB_ERR_CACHE_SIZE]        = "a key or value cache is shorter than (B, n_heads, max_T, d_k)",
+    [TB_ERR_CACHE_SIZE]        = "a key or value cache is shorter than (B, n_kv_heads, max_T, d_k)",
     [TB_ERR_FORMAT]            = "format is not TB_FMT_BF16 (0), TB_FMT_Q8_0 (1) or TB_FMT_Q4_0 (2)",
     [TB_ERR_BLOCK]             = "d_in is not a multiple of 32, the inputs of one Q8_0 or Q4_0 block",
     [TB_ERR_DATA_SIZE]         = "data_len is not exactly the stored size in bytes of a (d_in, d_out) "
@@ -89,6 +97,14 @@ static const char *const STATUS_MESSAGES[TB_STATUS_COUNT] = {
     [TB_ERR_DOT]               = "dot is not TB_DOT_EXACT (0), TB_DOT_Q8 (1) or TB_DOT_BF16 (2), or is TB_DOT_Q8 with "
                                  "d_model or d_ff not a multiple of 32",
     [TB_ERR_KV]                = "kv is not TB_KV_EXACT (0), TB_KV_BF16 (1) or TB_KV_Q8 (2)",
+    [TB_ERR_NORM_TYPE]         = "norm_type is not TB_LAYERNORM (0) or TB_RMSNORM (1)",
+    [TB_ERR_FFN]               = "ffn is not TB_FFN_MLP (0) or TB_FFN_GATED (1), or not the FFN this entry point "
+                                 "computes (tb_ffn: the two-matrix one; tb_gated_ffn: the gated one)",
+    [TB_ERR_POSITIONS]         = "positions is not TB_POS_NONE (0) or TB_POS_ROTARY (1) "
+                                 "(tb_rotary_rows needs TB_POS_ROTARY)",
+    [TB_ERR_ROPE]              = "rotary positions need rope_theta and rope_scale positive and finite, "
+                                 "and d_k = d_model / n_heads even",
+    [TB_ERR_KV_HEADS]          = "n_kv_heads must be 0 (meaning n_heads) or a positive divisor of n_heads",
 };
 
 const char *tb_status_name(int status)
@@ -153,15 +169,24 @@ static int dim_size(int64_t v, size_t *out)
  * ones and the T new ones in tb_block_forward_cached. */
 typedef struct {
     size_t B, T, d, h, dk, f;   /* batch, tokens, d_model, n_heads, d_k, d_ff */
+    size_t hk, group, dkv;      /* K/V heads, query heads per K/V head, d_kv = hk * d_k */
     size_t past, keys;          /* tokens before the T rows (0 without a cache); keys = past + T */
-    size_t dd, df;              /* weights (d, d) and (d, f) = (f, d) */
+    size_t dd, df, ddkv;        /* weights (d, d), (d, f) = (f, d) and (d, d_kv) */
     size_t Td, Tf, TK, hTK;     /* one sequence: (T, d), (T, f), (T, keys), (h, T, keys) */
+    size_t Tdkv;                /*               (T, d_kv) */
     size_t BTd, BTf, BhTK;      /* the batch:    (B, T, d), (B, T, f), (B, h, T, keys) */
+    size_t BTdkv;               /*               (B, T, d_kv) */
     size_t scratch;             /* doubles of scratch, see seq_buffers */
 } tb_sizes;
 
-/* Number of (T, d_model) arrays in seq_buffers. */
-#define N_SEQ_TD 11
+/* Number of (T, d_model) arrays in seq_buffers; K and V are (T, d_kv) beside them. */
+#define N_SEQ_TD 9
+
+/* The K/V heads of a config: n_kv_heads, where 0 stands for n_heads. */
+static int64_t kv_heads(const tb_config *cfg)
+{
+    return cfg->n_kv_heads == 0 ? cfg->n_heads : cfg->n_kv_heads;
+}
 
 /* Fill s for a checked config, B sequences of T tokens and past tokens before them. */
 static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, size_t past, tb_sizes *s)
@@ -173,26 +198,32 @@ static tb_status block_sizes(const tb_config *cfg, int64_t B, int64_t T, size_t 
         !dim_size(cfg->n_heads, &s->h) || !dim_size(cfg->d_ff, &s->f))
         return TB_ERR_OVERFLOW;
     s->dk = s->d / s->h;
+    s->hk = (size_t)kv_heads(cfg);      /* 1 <= hk <= h: check_config has checked it divides h */
+    s->group = s->h / s->hk;
+    s->dkv = s->hk * s->dk;             /* <= d, so no product below with dkv can overflow first */
     s->past = past;
     if (!add_size(past, s->T, &s->keys) ||
-        !mul_size(s->d, s->d, &s->dd) || !mul_size(s->d, s->f, &s->df) ||
-        !mul_size(s->T, s->d, &s->Td) || !mul_size(s->T, s->f, &s->Tf) ||
+        !mul_size(s->d, s->d, &s->dd) || !mul_size(s->d, s->f, &s->df) || !mul_size(s->d, s->dkv, &s->ddkv) ||
+        !mul_size(s->T, s->d, &s->Td) || !mul_size(s->T, s->f, &s->Tf) || !mul_size(s->T, s->dkv, &s->Tdkv) ||
         !mul_size(s->T, s->keys, &s->TK) || !mul_size(s->h, s->TK, &s->hTK) ||
         !mul_size(s->B, s->Td, &s->BTd) || !mul_size(s->B, s->Tf, &s->BTf) ||
-        !mul_size(s->B, s->hTK, &s->BhTK))
+        !mul_size(s->B, s->Tdkv, &s->BTdkv) || !mul_size(s->B, s->hTK, &s->BhTK))
         return TB_ERR_OVERFLOW;
-    /* scratch = N_SEQ_TD (T, d) arrays + S (T, keys) + A (h, T, keys) + F_pre, F_post (T, f) */
+    /* scratch = N_SEQ_TD (T, d) arrays + K, V (T, d_kv) + S (T, keys) + A (h, T, keys)
+     * + F_pre, F_post (T, f), and F_gate (T, f) with the gated FFN */
     if (!mul_size(N_SEQ_TD, s->Td, &s->scratch) ||
+        !mul_size(2, s->Tdkv, &extra) ||
+        !add_size(s->scratch, extra, &s->scratch) ||
         !add_size(s->scratch, s->TK, &s->scratch) ||
         !add_size(s->scratch, s->hTK, &s->scratch) ||
-        !mul_size(2, s->Tf, &extra) ||
+        !mul_size(cfg->ffn == TB_FFN_GATED ? 3 : 2, s->Tf, &extra) ||
         !add_size(s->scratch, extra, &s->scratch))
         return TB_ERR_OVERFLOW;
     return TB_OK;
 }
 
 /* Sizes of a cached call: B sequences of T_new new tokens after past cached ones, in
- * caches of max_T tokens; *cache = doubles of each cache, (B, n_heads, max_T, d_k). */
+ * caches of max_T tokens; *cache = doubles of each cache, (B, n_kv_heads, max_T, d_k). */
 static tb_status cached_sizes(const tb_config *cfg, int64_t B, int64_t T_new, int64_t past, int64_t max_T,
                               tb_sizes *s, size_t *cache)
 {
@@ -204,7 +235,7 @@ static tb_status cached_sizes(const tb_config *cfg, int64_t B, int64_t T_new, in
     if (!dim_size(max_T, &max_t))
         return TB_ERR_OVERFLOW;
     TRY(block_sizes(cfg, B, T_new, (size_t)past, s));   /* 0 <= past < max_T <= TB_MAX_DOUBLES */
-    if (!mul_size(s->B, max_t, cache) || !mul_size(*cache, s->d, cache))
+    if (!mul_size(s->B, max_t, cache) || !mul_size(*cache, s->dkv, cache))
         return TB_ERR_OVERFLOW;
     return TB_OK;
 }
@@ -225,14 +256,28 @@ static tb_status check_config(const tb_config *cfg)
         return TB_ERR_DIM;
     if (cfg->d_model % cfg->n_heads != 0)
         return TB_ERR_HEADS;
+    if (cfg->n_kv_heads < 0 || (cfg->n_kv_heads > 0 && cfg->n_heads % cfg->n_kv_heads != 0))
+        return TB_ERR_KV_HEADS;
     if (cfg->norm != TB_NORM_PRE && cfg->norm != TB_NORM_POST)
         return TB_ERR_NORM;
+    if (cfg->norm_type != TB_LAYERNORM && cfg->norm_type != TB_RMSNORM)
+        return TB_ERR_NORM_TYPE;
+    if (cfg->ffn != TB_FFN_MLP && cfg->ffn != TB_FFN_GATED)
+        return TB_ERR_FFN;
     if (cfg->activation != TB_ACT_GELU_TANH && cfg->activation != TB_ACT_GELU_ERF &&
-        cfg->activation != TB_ACT_RELU)
+        cfg->activation != TB_ACT_RELU && cfg->activation != TB_ACT_SILU)
         return TB_ERR_ACTIVATION;
     if (!is_flag(cfg->causal) || !is_flag(cfg->has_ffn_bias) || !is_flag(cfg->has_ln_affine) ||
-        !is_flag(cfg->has_attn_bias))
+        (cfg->has_attn_bias != TB_BIAS_NONE && cfg->has_attn_bias != TB_BIAS_QKVO &&
+         cfg->has_attn_bias != TB_BIAS_QKV))
         return TB_ERR_FLAG;
+    if (cfg->positions != TB_POS_NONE && cfg->positions != TB_POS_ROTARY)
+        return TB_ERR_POSITIONS;
+    /* NaN fails > 0; the pairs (x[j], x[j + d_k/2]) need d_k even */
+    if (cfg->positions == TB_POS_ROTARY &&
+        (!(cfg->rope_theta > 0.0 && isfinite(cfg->rope_theta)) ||
+         !(cfg->rope_scale > 0.0 && isfinite(cfg->rope_scale)) || (cfg->d_model / cfg->n_heads) % 2 != 0))
+        return TB_ERR_ROPE;
     if (!eps_ok(cfg->eps))
         return TB_ERR_EPS;
     if (cfg->dot != TB_DOT_EXACT && cfg->dot != TB_DOT_Q8 && cfg->dot != TB_DOT_BF16)
@@ -264,32 +309,38 @@ static tb_status optional_weight(int flag, const double *p, size_t len, size_t s
 
 static tb_status check_attention_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
 {
+    const int qkv_bias = cfg->has_attn_bias != TB_BIAS_NONE, out_bias = cfg->has_attn_bias == TB_BIAS_QKVO;
     TRY(need_weight(w->w_q, w->w_q_len, s->dd));
-    TRY(need_weight(w->w_k, w->w_k_len, s->dd));
-    TRY(need_weight(w->w_v, w->w_v_len, s->dd));
+    TRY(need_weight(w->w_k, w->w_k_len, s->ddkv));
+    TRY(need_weight(w->w_v, w->w_v_len, s->ddkv));
     TRY(need_weight(w->w_o, w->w_o_len, s->dd));
-    TRY(optional_weight(cfg->has_attn_bias, w->b_q, w->b_q_len, s->d));
-    TRY(optional_weight(cfg->has_attn_bias, w->b_k, w->b_k_len, s->d));
-    TRY(optional_weight(cfg->has_attn_bias, w->b_v, w->b_v_len, s->d));
-    TRY(optional_weight(cfg->has_attn_bias, w->b_o, w->b_o_len, s->d));
+    TRY(optional_weight(qkv_bias, w->b_q, w->b_q_len, s->d));
+    TRY(optional_weight(qkv_bias, w->b_k, w->b_k_len, s->dkv));
+    TRY(optional_weight(qkv_bias, w->b_v, w->b_v_len, s->dkv));
+    TRY(optional_weight(out_bias, w->b_o, w->b_o_len, s->d));
     return TB_OK;
 }
 
 static tb_status check_ffn_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
 {
+    const int gated = cfg->ffn == TB_FFN_GATED;
     TRY(need_weight(w->w_ff1, w->w_ff1_len, s->df));
     TRY(need_weight(w->w_ff2, w->w_ff2_len, s->df));
+    TRY(optional_weight(gated, w->w_gate, w->w_gate_len, s->df));
     TRY(optional_weight(cfg->has_ffn_bias, w->b_ff1, w->b_ff1_len, s->f));
     TRY(optional_weight(cfg->has_ffn_bias, w->b_ff2, w->b_ff2_len, s->d));
+    TRY(optional_weight(gated && cfg->has_ffn_bias, w->b_gate, w->b_gate_len, s->f));
     return TB_OK;
 }
 
 static tb_status check_ln_weights(const tb_config *cfg, const tb_weights *w, const tb_sizes *s)
 {
+    /* RMSNorm has a gain and no shift: its betas must be NULL */
+    const int shifts = cfg->has_ln_affine && cfg->norm_type == TB_LAYERNORM;
     TRY(optional_weight(cfg->has_ln_affine, w->ln1_gamma, w->ln1_gamma_len, s->d));
-    TRY(optional_weight(cfg->has_ln_affine, w->ln1_beta, w->ln1_beta_len, s->d));
+    TRY(optional_weight(shifts, w->ln1_beta, w->ln1_beta_len, s->d));
     TRY(optional_weight(cfg->has_ln_affine, w->ln2_gamma, w->ln2_gamma_len, s->d));
-    TRY(optional_weight(cfg->has_ln_affine, w->ln2_beta, w->ln2_beta_len, s->d));
+    TRY(optional_weight(shifts, w->ln2_beta, w->ln2_beta_len, s->d));
     return TB_OK;
 }
 
@@ -312,12 +363,12 @@ static tb_status need_trace(const double *p, size_t len, size_t shape)
     return TB_OK;
 }
 
-static tb_status check_trace(const tb_trace *t, const tb_sizes *s)
+static tb_status check_trace(const tb_config *cfg, const tb_trace *t, const tb_sizes *s)
 {
     TRY(need_trace(t->H_norm1, t->H_norm1_len, s->BTd));
     TRY(need_trace(t->Q, t->Q_len, s->BTd));
-    TRY(need_trace(t->K, t->K_len, s->BTd));
-    TRY(need_trace(t->V, t->V_len, s->BTd));
+    TRY(need_trace(t->K, t->K_len, s->BTdkv));
+    TRY(need_trace(t->V, t->V_len, s->BTdkv));
     TRY(need_trace(t->A, t->A_len, s->BhTK));
     TRY(need_trace(t->out_concat, t->out_concat_len, s->BTd));
     TRY(need_trace(t->A_out, t->A_out_len, s->BTd));
@@ -327,6 +378,8 @@ static tb_status check_trace(const tb_trace *t, const tb_sizes *s)
     TRY(need_trace(t->F_post, t->F_post_len, s->BTf));
     TRY(need_trace(t->F_out, t->F_out_len, s->BTd));
     TRY(need_trace(t->H_out, t->H_out_len, s->BTd));
+    if (cfg->ffn == TB_FFN_GATED)
+        TRY(need_trace(t->F_gate, t->F_gate_len, s->BTf));
     return TB_OK;
 }
 
@@ -363,13 +416,13 @@ static int any_overlap(const span *spans, size_t count)
     return 0;
 }
 
-/* Spans of all 16 weights (an absent one is NULL and overlaps nothing), read-only. */
-#define N_WEIGHT_SPANS 16
+/* Spans of all 18 weights (an absent one is NULL and overlaps nothing), read-only. */
+#define N_WEIGHT_SPANS 18
 static size_t add_weight_spans(span *spans, size_t n, const tb_weights *w, const tb_sizes *s)
 {
     spans[n++] = span_of(w->w_q, s->dd, 0);
-    spans[n++] = span_of(w->w_k, s->dd, 0);
-    spans[n++] = span_of(w->w_v, s->dd, 0);
+    spans[n++] = span_of(w->w_k, s->ddkv, 0);
+    spans[n++] = span_of(w->w_v, s->ddkv, 0);
     spans[n++] = span_of(w->w_o, s->dd, 0);
     spans[n++] = span_of(w->w_ff1, s->df, 0);
     spans[n++] = span_of(w->w_ff2, s->df, 0);
@@ -380,20 +433,22 @@ static size_t add_weight_spans(span *spans, size_t n, const tb_weights *w, const
     spans[n++] = span_of(w->ln2_gamma, s->d, 0);
     spans[n++] = span_of(w->ln2_beta, s->d, 0);
     spans[n++] = span_of(w->b_q, s->d, 0);
-    spans[n++] = span_of(w->b_k, s->d, 0);
-    spans[n++] = span_of(w->b_v, s->d, 0);
+    spans[n++] = span_of(w->b_k, s->dkv, 0);
+    spans[n++] = span_of(w->b_v, s->dkv, 0);
     spans[n++] = span_of(w->b_o, s->d, 0);
+    spans[n++] = span_of(w->w_gate, s->df, 0);
+    spans[n++] = span_of(w->b_gate, s->f, 0);
     return n;
 }
 
-/* Spans of the 13 trace arrays, all written. */
-#define N_TRACE_SPANS 13
-static size_t add_trace_spans(span *spans, size_t n, const tb_trace *t, const tb_sizes *s)
+/* Spans of the 14 trace arrays, all written; F_gate only with the gated FFN. */
+#define N_TRACE_SPANS 14
+static size_t add_trace_spans(span *spans, size_t n, const tb_config *cfg, const tb_trace *t, const tb_sizes *s)
 {
     spans[n++] = span_of(t->H_norm1, s->BTd, 1);
     spans[n++] = span_of(t->Q, s->BTd, 1);
-    spans[n++] = span_of(t->K, s->BTd, 1);
-    spans[n++] = span_of(t->V, s->BTd, 1);
+    spans[n++] = span_of(t->K, s->BTdkv, 1);
+    spans[n++] = span_of(t->V, s->BTdkv, 1);
     spans[n++] = span_of(t->A, s->BhTK, 1);
     spans[n++] = span_of(t->out_concat, s->BTd, 1);
     spans[n++] = span_of(t->A_out, s->BTd, 1);
@@ -403,6 +458,7 @@ static size_t add_trace_spans(span *spans, size_t n, const tb_trace *t, const tb
     spans[n++] = span_of(t->F_post, s->BTf, 1);
     spans[n++] = span_of(t->F_out, s->BTd, 1);
     spans[n++] = span_of(t->H_out, s->BTd, 1);
+    spans[n++] = span_of(t->F_gate, cfg->ffn == TB_FFN_GATED ? s->BTf : 0, 1);   /* 0: not touched */
     return n;
 }
 
@@ -526,6 +582,59 @@ static void layernorm_rows(double *out, const double *X, size_t rows, size_t col
     }
 }
 
+/* RMSNorm(x) = x / sqrt(mean(x^2) + eps) per row, no mean taken out; then * gamma when
+ * gamma is given. */
+static void rmsnorm_rows(double *out, const double *X, size_t rows, size_t cols, const double *gamma, double eps)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const double *x = X + r * cols;
+        double *y = out + r * cols;
+        double ms = 0.0;
+        for (size_t c = 0; c < cols; c++)
+            ms += x[c] * x[c];
+        ms /= (double)cols;
+        const double rms = sqrt(ms + eps);
+        for (size_t c = 0; c < cols; c++) {
+            y[c] = x[c] / rms;
+            if (gamma != NULL)
+                y[c] = y[c] * gamma[c];
+        }
+    }
+}
+
+/* The block's norm (cfg->norm_type) of each row of X (rows, d); beta is NULL for RMSNorm. */
+static void norm_rows(double *out, const double *X, size_t rows, size_t d, const double *gamma,
+                      const double *beta, const tb_config *cfg)
+{
+    if (cfg->norm_type == TB_RMSNORM)
+        rmsnorm_rows(out, X, rows, d, gamma, cfg->eps);
+    else
+        layernorm_rows(out, X, rows, d, gamma, beta, cfg->eps);
+}
+
+/* Rotary positions, in place, on X (rows, cols): every head (d_k columns) of row t turned
+ * for position first + t, pair j = (x[j], x[j + d_k/2]) by the angle
+ * (t / rope_scale) * rope_theta^(-2j / d_k), all in double. The angle does not depend on
+ * the head, so each (row, pair) computes its cos and sin once for all heads. */
+static void rotate_rows(double *X, size_t rows, size_t cols, size_t first, size_t d_k, const tb_config *cfg)
+{
+    const size_t half = d_k / 2;
+    for (size_t t = 0; t < rows; t++) {
+        const double pos = (double)(first + t);
+        double *row = X + t * cols;
+        for (size_t j = 0; j < half; j++) {
+            const double inv_freq = 1.0 / pow(cfg->rope_theta, (double)(2 * j) / (double)d_k);
+            const double angle = (pos / cfg->rope_scale) * inv_freq;
+            const double c = cos(angle), s = sin(angle);
+            for (size_t h0 = 0; h0 < cols; h0 += d_k) {
+                const double x1 = row[h0 + j], x2 = row[h0 + half + j];
+                row[h0 + j] = x1 * c - x2 * s;
+                row[h0 + half + j] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
 /* Query row t, token first + t of its sequence, may look at key column i: always, or
  * only i <= first + t when causal. */
 static int key_allowed(int causal, size_t first, size_t t, size_t i) { return !causal || i <= first + t; }
@@ -564,14 +673,15 @@ typedef struct {
     size_t first;     /* query row t is token first + t: with causal it sees keys 0 .. first + t */
 } kv_view;
 
-/* Head `head` of MHA for the T query rows of Q (T, d) over the keys and values of kv:
- * S (T, keys) = Q_h K_h^T / sqrt(d_k), A_h (T, keys) = masked softmax of S,
- * columns c0 .. c0+d_k-1 of out_concat (T, d) = A_h V_h, c0 = head * d_k. */
+/* Head `head` of MHA for the T query rows of Q (T, d) over K/V head g = head / group of kv
+ * (grouped-query attention: `group` query heads share one K/V head; 1 without it):
+ * S (T, keys) = Q_h K_g^T / sqrt(d_k), A_h (T, keys) = masked softmax of S,
+ * columns c0 .. c0+d_k-1 of out_concat (T, d) = A_h V_g, c0 = head * d_k. */
 static void attention_head(double *out_concat, double *A_h, double *S, const double *Q, const kv_view *kv,
-                           size_t T, size_t d, size_t d_k, size_t head, int causal)
+                           size_t T, size_t d, size_t d_k, size_t head, size_t group, int causal)
 {
-    const size_t c0 = head * d_k, keys = kv->keys;
-    const double *K = kv->K + head * kv->head_step, *V = kv->V + head * kv->head_step;
+    const size_t c0 = head * d_k, keys = kv->keys, g = head / group;
+    const double *K = kv->K + g * kv->head_step, *V = kv->V + g * kv->head_step;
     const double scale = 1.0 / sqrt((double)d_k);
     for (size_t t = 0; t < T; t++) {
         for (size_t i = 0; i < keys; i++) {
@@ -599,6 +709,8 @@ static double activation(int act, double x)
         return 0.5 * x * (1.0 + tanh(sqrt(2.0 / PI) * (x + 0.044715 * x * x * x)));
     case TB_ACT_GELU_ERF:
         return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case TB_ACT_SILU:   /* x * sigmoid(x); exp(-x) = inf for x < -709 gives -0, not NaN */
+        return x / (1.0 + exp(-x));
     default: /* TB_ACT_RELU; check_config has rejected anything else */
         return x > 0.0 ? x : 0.0;
     }
@@ -619,13 +731,33 @@ static void ffn(double *F_out, double *F_pre, double *F_post, const double *X,
         add_row_bias(F_out, b2, T, d);
 }
 
+/* Gated FFN: F_pre = X W_ff1 (+ b_ff1), F_gate = X W_gate (+ b_gate), F_post = act(F_gate) * F_pre,
+ * F_out = F_post W_ff2 (+ b_ff2); the biases are NULL for none. */
+static void gated_ffn(double *F_out, double *F_pre, double *F_gate, double *F_post, const double *X,
+                      size_t T, size_t d, size_t f, const tb_weights *w, int act, int dot)
+{
+    matmul(F_pre, X, w->w_ff1, T, d, f, dot);
+    if (w->b_ff1 != NULL)
+        add_row_bias(F_pre, w->b_ff1, T, f);
+    matmul(F_gate, X, w->w_gate, T, d, f, dot);
+    if (w->b_gate != NULL)
+        add_row_bias(F_gate, w->b_gate, T, f);
+    for (size_t i = 0; i < T * f; i++)
+        F_post[i] = activation(act, F_gate[i]) * F_pre[i];
+    matmul(F_out, F_post, w->w_ff2, T, f, d, dot);
+    if (w->b_ff2 != NULL)
+        add_row_bias(F_out, w->b_ff2, T, d);
+}
+
 /* The scratch of one sequence, carved from tb_scratch.data by carve_scratch. */
 typedef struct {
     /* N_SEQ_TD arrays of (T, d) */
-    double *H_norm1, *Q, *K, *V, *out_concat, *A_out, *resid, *H_mid, *H_norm2, *F_out, *H_out;
+    double *H_norm1, *Q, *out_concat, *A_out, *resid, *H_mid, *H_norm2, *F_out, *H_out;
+    double *K, *V;              /* (T, d_kv) */
     double *S;                  /* (T, keys) one head's scores */
     double *A;                  /* (h, T, keys) every head's probabilities */
     double *F_pre, *F_post;     /* (T, f) */
+    double *F_gate;             /* (T, f) with the gated FFN, else NULL */
 } seq_buffers;
 
 /* Hand out n doubles from *next. */
@@ -637,41 +769,42 @@ static double *take(double **next, size_t n)
 }
 
 /* Exactly s->scratch doubles from data, in the order block_sizes counts them. */
-static seq_buffers carve_scratch(double *data, const tb_sizes *s)
+static seq_buffers carve_scratch(double *data, const tb_config *cfg, const tb_sizes *s)
 {
     seq_buffers b;
     double *next = data;
     b.H_norm1 = take(&next, s->Td);
     b.Q = take(&next, s->Td);
-    b.K = take(&next, s->Td);
-    b.V = take(&next, s->Td);
     b.out_concat = take(&next, s->Td);
     b.A_out = take(&next, s->Td);
     b.resid = take(&next, s->Td);
     b.H_mid = take(&next, s->Td);
     b.H_norm2 = take(&next, s->Td);
     b.F_out = take(&next, s->Td);
-    b.H_out = take(&next, s->Td);   /* N_SEQ_TD = 11 so far */
+    b.H_out = take(&next, s->Td);   /* N_SEQ_TD = 9 so far */
+    b.K = take(&next, s->Tdkv);
+    b.V = take(&next, s->Tdkv);
     b.S = take(&next, s->TK);
     b.A = take(&next, s->hTK);
     b.F_pre = take(&next, s->Tf);
     b.F_post = take(&next, s->Tf);
+    b.F_gate = cfg->ffn == TB_FFN_GATED ? take(&next, s->Tf) : NULL;
     return b;
 }
 
-/* One sequence's slice of the key and value caches, (h, max_T, d_k) each. */
+/* One sequence's slice of the key and value caches, (hk, max_T, d_k) each. */
 typedef struct {
     double *K, *V;
     size_t max_T;
 } seq_cache;
 
-/* Copy the T new rows' keys and values (b's K and V, (T, d)) into the cache at positions
- * past .. past+T-1: head h's d_k columns of a row go to row past+t of its (max_T, d_k) block. */
+/* Copy the T new rows' keys and values (b's K and V, (T, d_kv)) into the cache at positions
+ * past .. past+T-1: K/V head h's d_k columns of a row go to row past+t of its (max_T, d_k) block. */
 static void append_kv(const seq_cache *c, const seq_buffers *b, const tb_sizes *s)
 {
-    for (size_t h = 0; h < s->h; h++) {
+    for (size_t h = 0; h < s->hk; h++) {
         for (size_t t = 0; t < s->T; t++) {
-            const size_t to = (h * c->max_T + s->past + t) * s->dk, from = t * s->d + h * s->dk;
+            const size_t to = (h * c->max_T + s->past + t) * s->dk, from = t * s->dkv + h * s->dk;
             copy(c->K + to, b->K + from, s->dk);
             copy(c->V + to, b->V + from, s->dk);
         }
@@ -682,7 +815,7 @@ static void append_kv(const seq_cache *c, const seq_buffers *b, const tb_sizes *
  * cache holds them (cfg->kv, a tb_kv): bf16 each value, Q8 each head's row of d_k values. */
 static void round_new_kv(const seq_cache *c, const tb_sizes *s, int kv)
 {
-    for (size_t h = 0; h < s->h; h++) {
+    for (size_t h = 0; h < s->hk; h++) {
         for (size_t t = 0; t < s->T; t++) {
             double *k = c->K + (h * c->max_T + s->past + t) * s->dk, *v = c->V + (k - c->K);
             if (kv == TB_KV_Q8) {
@@ -712,11 +845,31 @@ static kv_view keys_and_values(const seq_cache *c, const seq_buffers *b, const t
         kv.K = b->K;
         kv.V = b->V;
         kv.head_step = s->dk;
-        kv.row_step = s->d;
+        kv.row_step = s->dkv;
     }
     kv.keys = s->keys;    /* past + T; T without a cache (past = 0) */
     kv.first = s->past;
     return kv;
+}
+
+/* Q (T, d), K and V (T, d_kv) of X (T, d) into b: the projections, their biases, and with
+ * rotary positions Q and K turned for positions past .. past+T-1 (absolute: with a cache
+ * the rows follow the past cached ones). */
+static void qkv(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
+                const tb_sizes *s)
+{
+    matmul(b->Q, X, w->w_q, s->T, s->d, s->d, cfg->dot);
+    matmul(b->K, X, w->w_k, s->T, s->d, s->dkv, cfg->dot);
+    matmul(b->V, X, w->w_v, s->T, s->d, s->dkv, cfg->dot);
+    if (cfg->has_attn_bias != TB_BIAS_NONE) {
+        add_row_bias(b->Q, w->b_q, s->T, s->d);
+        add_row_bias(b->K, w->b_k, s->T, s->dkv);
+        add_row_bias(b->V, w->b_v, s->T, s->dkv);
+    }
+    if (cfg->positions == TB_POS_ROTARY) {
+        rotate_rows(b->Q, s->T, s->d, s->past, s->dk, cfg);
+        rotate_rows(b->K, s->T, s->dkv, s->past, s->dk, cfg);
+    }
 }
 
 /* MHA(X) for X (T, d): fills Q, K, V, S, A, out_concat and A_out of b. With a cache c,
@@ -725,34 +878,31 @@ static void mha(const seq_buffers *b, const double *X, const tb_config *cfg, con
                 const tb_sizes *s, const seq_cache *c)
 {
     kv_view kv;
-    matmul(b->Q, X, w->w_q, s->T, s->d, s->d, cfg->dot);
-    matmul(b->K, X, w->w_k, s->T, s->d, s->d, cfg->dot);
-    matmul(b->V, X, w->w_v, s->T, s->d, s->d, cfg->dot);
-    if (cfg->has_attn_bias) {
-        add_row_bias(b->Q, w->b_q, s->T, s->d);
-        add_row_bias(b->K, w->b_k, s->T, s->d);
-        add_row_bias(b->V, w->b_v, s->T, s->d);
-    }
+    qkv(b, X, cfg, w, s);
     if (c != NULL) {
         append_kv(c, b, s);     /* first: the new rows attend to each other too, */
         round_new_kv(c, s, cfg->kv);    /* as the caller's cache will hold them */
     }
     kv = keys_and_values(c, b, s);
     for (size_t h = 0; h < s->h; h++)
-        attention_head(b->out_concat, b->A + h * s->TK, b->S, b->Q, &kv, s->T, s->d, s->dk, h, cfg->causal);
+        attention_head(b->out_concat, b->A + h * s->TK, b->S, b->Q, &kv, s->T, s->d, s->dk, h, s->group,
+                       cfg->causal);
     if (c != NULL && cfg->kv != TB_KV_EXACT)
         append_kv(c, b, s);     /* the exact rows back: the caller rounds them into its cache */
     matmul(b->A_out, b->out_concat, w->w_o, s->T, s->d, s->d, cfg->dot);
-    if (cfg->has_attn_bias)
+    if (cfg->has_attn_bias == TB_BIAS_QKVO)
         add_row_bias(b->A_out, w->b_o, s->T, s->d);
 }
 
-/* FFN(X) for X (T, d): fills F_pre, F_post and F_out of b. */
+/* FFN(X) for X (T, d): fills F_pre, F_post and F_out of b (and F_gate, gated). */
 static void block_ffn(const seq_buffers *b, const double *X, const tb_config *cfg, const tb_weights *w,
                       const tb_sizes *s)
 {
-    ffn(b->F_out, b->F_pre, b->F_post, X, s->T, s->d, s->f,
-        w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation, cfg->dot);
+    if (cfg->ffn == TB_FFN_GATED)
+        gated_ffn(b->F_out, b->F_pre, b->F_gate, b->F_post, X, s->T, s->d, s->f, w, cfg->activation, cfg->dot);
+    else
+        ffn(b->F_out, b->F_pre, b->F_post, X, s->T, s->d, s->f,
+            w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation, cfg->dot);
 }
 
 /* One sequence H_in (T, d) through the block; every intermediate, H_out included, lands in b.
@@ -764,23 +914,23 @@ static void block_forward_one(const seq_buffers *b, const double *H_in, const tb
     const size_t n = s->Td;
     if (cfg->norm == TB_NORM_PRE) {
         /* H_mid = H_in + MHA(LN1(H_in)) */
-        layernorm_rows(b->H_norm1, H_in, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
+        norm_rows(b->H_norm1, H_in, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg);
         mha(b, b->H_norm1, cfg, w, s, c);
         add(b->H_mid, H_in, b->A_out, n);
         /* H_out = H_mid + FFN(LN2(H_mid)) */
-        layernorm_rows(b->H_norm2, b->H_mid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg->eps);
+        norm_rows(b->H_norm2, b->H_mid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg);
         block_ffn(b, b->H_norm2, cfg, w, s);
         add(b->H_out, b->H_mid, b->F_out, n);
     } else {
         /* H_mid = LN1(H_in + MHA(H_in)); the LN output is the stream: H_norm1 = H_mid */
         mha(b, H_in, cfg, w, s, c);
         add(b->resid, H_in, b->A_out, n);
-        layernorm_rows(b->H_mid, b->resid, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg->eps);
+        norm_rows(b->H_mid, b->resid, s->T, s->d, w->ln1_gamma, w->ln1_beta, cfg);
         copy(b->H_norm1, b->H_mid, n);
         /* H_out = LN2(H_mid + FFN(H_mid)); H_norm2 = H_out */
         block_ffn(b, b->H_mid, cfg, w, s);
         add(b->resid, b->H_mid, b->F_out, n);
-        layernorm_rows(b->H_out, b->resid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg->eps);
+        norm_rows(b->H_out, b->resid, s->T, s->d, w->ln2_gamma, w->ln2_beta, cfg);
         copy(b->H_norm2, b->H_out, n);
     }
 }
@@ -788,11 +938,11 @@ static void block_forward_one(const seq_buffers *b, const double *H_in, const tb
 /* Copy sequence `seq`'s intermediates from b into its slices of the trace. */
 static void write_trace(const tb_trace *t, const seq_buffers *b, size_t seq, const tb_sizes *s)
 {
-    const size_t od = seq * s->Td, of = seq * s->Tf, oa = seq * s->hTK;
+    const size_t od = seq * s->Td, of = seq * s->Tf, oa = seq * s->hTK, okv = seq * s->Tdkv;
     copy(t->H_norm1 + od, b->H_norm1, s->Td);
     copy(t->Q + od, b->Q, s->Td);
-    copy(t->K + od, b->K, s->Td);
-    copy(t->V + od, b->V, s->Td);
+    copy(t->K + okv, b->K, s->Tdkv);
+    copy(t->V + okv, b->V, s->Tdkv);
     copy(t->A + oa, b->A, s->hTK);
     copy(t->out_concat + od, b->out_concat, s->Td);
     copy(t->A_out + od, b->A_out, s->Td);
@@ -802,6 +952,8 @@ static void write_trace(const tb_trace *t, const seq_buffers *b, size_t seq, con
     copy(t->F_post + of, b->F_post, s->Tf);
     copy(t->F_out + od, b->F_out, s->Td);
     copy(t->H_out + od, b->H_out, s->Td);
+    if (b->F_gate != NULL)
+        copy(t->F_gate + of, b->F_gate, s->Tf);
 }
 
 /* ======================================================================
@@ -854,6 +1006,70 @@ tb_status tb_layernorm_rows(double *out, size_t out_len,
     return TB_OK;
 }
 
+tb_status tb_rmsnorm_rows(double *out, size_t out_len,
+                          const double *X, size_t X_len,
+                          int64_t rows, int64_t cols,
+                          const double *gamma, size_t gamma_len,
+                          double eps)
+{
+    size_t r, c, n;
+    if (out == NULL || X == NULL)
+        return TB_ERR_NULL_ARG;
+    if (!eps_ok(eps))
+        return TB_ERR_EPS;
+    if (rows < 1 || cols < 1)
+        return TB_ERR_DIM;
+    if (!dim_size(rows, &r) || !dim_size(cols, &c) || !mul_size(r, c, &n))
+        return TB_ERR_OVERFLOW;
+    if (X_len < n)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < n)
+        return TB_ERR_OUTPUT_SIZE;
+    if (gamma != NULL && gamma_len < c)
+        return TB_ERR_WEIGHT_SIZE;
+    {
+        const span spans[] = {span_of(out, n, 1), span_of(X, n, 0), span_of(gamma, c, 0)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+    rmsnorm_rows(out, X, r, c, gamma, eps);
+    return TB_OK;
+}
+
+tb_status tb_rotary_rows(double *out, size_t out_len,
+                         const double *X, size_t X_len,
+                         int64_t rows, int64_t cols, int64_t first, const tb_config *cfg)
+{
+    size_t r, c, n, d_k;
+    if (out == NULL || X == NULL || cfg == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    if (cfg->positions != TB_POS_ROTARY)
+        return TB_ERR_POSITIONS;
+    if (rows < 1 || cols < 1)
+        return TB_ERR_DIM;
+    if (first < 0)
+        return TB_ERR_CACHE_RANGE;
+    d_k = (size_t)(cfg->d_model / cfg->n_heads);
+    if (!dim_size(rows, &r) || !dim_size(cols, &c) || !mul_size(r, c, &n) ||
+        (uint64_t)first > (uint64_t)TB_MAX_DOUBLES || r > TB_MAX_DOUBLES - (size_t)first)
+        return TB_ERR_OVERFLOW;
+    if (c % d_k != 0)
+        return TB_ERR_HEADS;
+    if (X_len < n)
+        return TB_ERR_INPUT_SIZE;
+    if (out_len < n)
+        return TB_ERR_OUTPUT_SIZE;
+    {
+        const span spans[] = {span_of(out, n, 1), span_of(X, n, 0)};
+        if (any_overlap(spans, 2))
+            return TB_ERR_OVERLAP;
+    }
+    copy(out, X, n);
+    rotate_rows(out, r, c, (size_t)first, d_k, cfg);
+    return TB_OK;
+}
+
 tb_status tb_masked_softmax_rows(double *out, size_t out_len,
                                  const double *S, size_t S_len,
                                  int64_t rows, int64_t cols, int causal)
@@ -898,7 +1114,7 @@ tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
     if (head < 0 || head >= cfg->n_heads)
         return TB_ERR_HEAD_INDEX;
     TRY(block_sizes(cfg, 1, T, 0, &s));
-    if (Q_len < s.Td || K_len < s.Td || V_len < s.Td)
+    if (Q_len < s.Td || K_len < s.Tdkv || V_len < s.Tdkv)
         return TB_ERR_INPUT_SIZE;
     if (out_concat_len < s.Td || A_h_len < s.TK)
         return TB_ERR_OUTPUT_SIZE;
@@ -906,13 +1122,13 @@ tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
         return TB_ERR_SCRATCH_SIZE;
     {
         const span spans[] = {span_of(out_concat, s.Td, 1), span_of(A_h, s.TK, 1), span_of(S, s.TK, 1),
-                              span_of(Q, s.Td, 0), span_of(K, s.Td, 0), span_of(V, s.Td, 0)};
+                              span_of(Q, s.Td, 0), span_of(K, s.Tdkv, 0), span_of(V, s.Tdkv, 0)};
         if (any_overlap(spans, sizeof spans / sizeof spans[0]))
             return TB_ERR_OVERLAP;
     }
     {
-        const kv_view kv = {K, V, s.dk, s.d, s.T, 0};    /* (T, d) rows, as in the block */
-        attention_head(out_concat, A_h, S, Q, &kv, s.T, s.d, s.dk, (size_t)head, cfg->causal);
+        const kv_view kv = {K, V, s.dk, s.dkv, s.T, 0};    /* (T, d_kv) rows, as in the block */
+        attention_head(out_concat, A_h, S, Q, &kv, s.T, s.d, s.dk, (size_t)head, s.group, cfg->causal);
     }
     return TB_OK;
 }
@@ -927,6 +1143,8 @@ tb_status tb_ffn(double *F_out, size_t F_out_len,
     if (F_out == NULL || F_pre == NULL || F_post == NULL || X == NULL || cfg == NULL || w == NULL)
         return TB_ERR_NULL_ARG;
     TRY(check_config(cfg));
+    if (cfg->ffn != TB_FFN_MLP)
+        return TB_ERR_FFN;
     TRY(block_sizes(cfg, 1, T, 0, &s));
     if (X_len < s.Td)
         return TB_ERR_INPUT_SIZE;
@@ -941,6 +1159,38 @@ tb_status tb_ffn(double *F_out, size_t F_out_len,
             return TB_ERR_OVERLAP;
     }
     ffn(F_out, F_pre, F_post, X, s.T, s.d, s.f, w->w_ff1, w->b_ff1, w->w_ff2, w->b_ff2, cfg->activation, cfg->dot);
+    return TB_OK;
+}
+
+tb_status tb_gated_ffn(double *F_out, size_t F_out_len,
+                       double *F_pre, size_t F_pre_len,
+                       double *F_gate, size_t F_gate_len,
+                       double *F_post, size_t F_post_len,
+                       const double *X, size_t X_len,
+                       int64_t T, const tb_config *cfg, const tb_weights *w)
+{
+    tb_sizes s;
+    if (F_out == NULL || F_pre == NULL || F_gate == NULL || F_post == NULL || X == NULL || cfg == NULL ||
+        w == NULL)
+        return TB_ERR_NULL_ARG;
+    TRY(check_config(cfg));
+    if (cfg->ffn != TB_FFN_GATED)
+        return TB_ERR_FFN;
+    TRY(block_sizes(cfg, 1, T, 0, &s));
+    if (X_len < s.Td)
+        return TB_ERR_INPUT_SIZE;
+    if (F_out_len < s.Td || F_pre_len < s.Tf || F_gate_len < s.Tf || F_post_len < s.Tf)
+        return TB_ERR_OUTPUT_SIZE;
+    TRY(check_ffn_weights(cfg, w, &s));
+    {
+        const span spans[] = {span_of(F_out, s.Td, 1), span_of(F_pre, s.Tf, 1), span_of(F_gate, s.Tf, 1),
+                              span_of(F_post, s.Tf, 1), span_of(X, s.Td, 0),
+                              span_of(w->w_ff1, s.df, 0), span_of(w->w_gate, s.df, 0), span_of(w->w_ff2, s.df, 0),
+                              span_of(w->b_ff1, s.f, 0), span_of(w->b_gate, s.f, 0), span_of(w->b_ff2, s.d, 0)};
+        if (any_overlap(spans, sizeof spans / sizeof spans[0]))
+            return TB_ERR_OVERLAP;
+    }
+    gated_ffn(F_out, F_pre, F_gate, F_post, X, s.T, s.d, s.f, w, cfg->activation, cfg->dot);
     return TB_OK;
 }
 
@@ -963,7 +1213,7 @@ tb_status tb_block_forward(double *out, size_t out_len,
     if (scratch->len < s.scratch)
         return TB_ERR_SCRATCH_SIZE;
     if (trace != NULL)
-        TRY(check_trace(trace, &s));
+        TRY(check_trace(cfg, trace, &s));
     {
         span spans[3 + N_WEIGHT_SPANS + N_TRACE_SPANS];
         size_t n = 0;
@@ -972,14 +1222,14 @@ tb_status tb_block_forward(double *out, size_t out_len,
         spans[n++] = span_of(scratch->data, s.scratch, 1);
         n = add_weight_spans(spans, n, w, &s);
         if (trace != NULL)
-            n = add_trace_spans(spans, n, trace, &s);
+            n = add_trace_spans(spans, n, cfg, trace, &s);
         if (any_overlap(spans, n))
             return TB_ERR_OVERLAP;
     }
 
     /* every check passed: from here on nothing can fail */
     {
-        const seq_buffers b = carve_scratch(scratch->data, &s);
+        const seq_buffers b = carve_scratch(scratch->data, cfg, &s);
         for (size_t seq = 0; seq < s.B; seq++) {
             block_forward_one(&b, in + seq * s.Td, cfg, w, &s, NULL);
             copy(out + seq * s.Td, b.H_out, s.Td);
@@ -1052,7 +1302,7 @@ tb_status tb_block_forward_cached(double *out, size_t out_len,
 
     /* every check passed: from here on nothing can fail */
     {
-        const seq_buffers b = carve_scratch(scratch->data, &s);
+        const seq_buffers b = carve_scratch(scratch->data, cfg, &s);
         const size_t per_seq = cache_len / s.B;     /* (n_heads, max_T, d_k) */
         for (size_t seq = 0; seq < s.B; seq++) {
             const seq_cache c = {K_cache + seq * per_seq, V_cache + seq * per_seq, (size_t)max_T};

@@ -16,6 +16,20 @@
  *           out_concat = [out_1 ... out_H]; MHA(X) = out_concat W_O (+ b_O)
  *   FFN(X): F_pre = X W_ff1 (+ b_ff1); F_post = act(F_pre); F_out = F_post W_ff2 (+ b_ff2)
  *
+ * The variants of the blocks in use today (Llama, Qwen2, SmolLM), each a tb_config
+ * field whose zero value is the lesson's block:
+ *   norm_type  RMSNorm: LN(x) = x / sqrt(mean(x^2) + eps) * gamma (no mean taken out, no beta)
+ *   ffn        gated: F_pre = X W_ff1 (+ b_ff1), F_gate = X W_gate (+ b_gate),
+ *              F_post = act(F_gate) * F_pre, F_out = F_post W_ff2 (+ b_ff2) (SwiGLU with silu)
+ *   positions  rotary: Q and K, after their biases, turned per head (Hugging Face's
+ *              rotate-half pairing): for pair j < d_k/2 of a head, x1 = x[j], x2 = x[j + d_k/2],
+ *              at absolute position t (past + i with a cache), in double:
+ *                inv_freq = 1 / rope_theta^(2j / d_k), angle = (t / rope_scale) * inv_freq,
+ *                x[j] = x1 cos(angle) - x2 sin(angle), x[j + d_k/2] = x2 cos(angle) + x1 sin(angle)
+ *   n_kv_heads grouped-query attention: K and V have d_kv = n_kv_heads * d_k columns, and
+ *              query head h reads K/V head h / (n_heads / n_kv_heads); the scale stays 1/sqrt(d_k)
+ *   has_attn_bias TB_BIAS_QKV: b_Q, b_K, b_V without b_O (Qwen2)
+ *
  * Conventions
  *   - Every matrix is a row-major array of doubles; a layer acts by right
  *     multiplication (row convention), X @ W, as in the lesson.
@@ -53,7 +67,7 @@ typedef enum {
     TB_ERR_HEAD_INDEX,        /* a head index outside 0 .. n_heads-1 */
     TB_ERR_NORM,              /* norm is not TB_NORM_PRE or TB_NORM_POST */
     TB_ERR_ACTIVATION,        /* activation is not one of TB_ACT_* */
-    TB_ERR_FLAG,              /* causal, has_ffn_bias, has_ln_affine or has_attn_bias is not 0 or 1 */
+    TB_ERR_FLAG,              /* causal, has_ffn_bias or has_ln_affine is not 0 or 1, has_attn_bias not a tb_attn_bias */
     TB_ERR_EPS,               /* eps is <= 0, NaN or infinite */
     TB_ERR_OVERFLOW,          /* a buffer size (in doubles or in bytes) does not fit in size_t */
     TB_ERR_INPUT_SIZE,        /* an input buffer is shorter than its shape */
@@ -64,13 +78,18 @@ typedef enum {
     TB_ERR_OVERLAP,           /* an output buffer overlaps another buffer of the call */
     TB_ERR_NOT_CAUSAL,        /* a KV-cache call on a config with causal = 0 */
     TB_ERR_CACHE_RANGE,       /* past < 0, or past + T_new > max_T: the new rows do not fit in the cache */
-    TB_ERR_CACHE_SIZE,        /* a key or value cache is shorter than (B, n_heads, max_T, d_k) */
+    TB_ERR_CACHE_SIZE,        /* a key or value cache is shorter than (B, n_kv_heads, max_T, d_k) */
     TB_ERR_FORMAT,            /* tb_dequantize: format is not one of TB_FMT_* */
     TB_ERR_BLOCK,             /* tb_dequantize: a blocked format's d_in is not a multiple of 32 */
     TB_ERR_DATA_SIZE,         /* tb_dequantize: data_len is not exactly the stored size of the shape */
     TB_ERR_NOT_FINITE,        /* tb_dequantize: a stored scale or bf16 value is NaN or infinite */
     TB_ERR_DOT,               /* dot is not a tb_dot, or TB_DOT_Q8 with d_model or d_ff not a multiple of 32 */
     TB_ERR_KV,                /* kv is not a tb_kv */
+    TB_ERR_NORM_TYPE,         /* norm_type is not a tb_norm_type */
+    TB_ERR_FFN,               /* ffn is not a tb_ffn_kind, or the entry point does not compute this one */
+    TB_ERR_POSITIONS,         /* positions is not a tb_positions (or tb_rotary_rows without rotary) */
+    TB_ERR_ROPE,              /* rotary with rope_theta or rope_scale not positive and finite, or d_k odd */
+    TB_ERR_KV_HEADS,          /* n_kv_heads is < 0 or does not divide n_heads */
     TB_STATUS_COUNT           /* number of codes; not a code */
 } tb_status;
 
@@ -84,8 +103,34 @@ typedef enum {
 typedef enum {
     TB_ACT_GELU_TANH = 0,     /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2 */
     TB_ACT_GELU_ERF = 1,      /* 0.5 x (1 + erf(x / sqrt(2))), exact GELU */
-    TB_ACT_RELU = 2           /* max(x, 0) */
+    TB_ACT_RELU = 2,          /* max(x, 0) */
+    TB_ACT_SILU = 3           /* x / (1 + exp(-x)), SwiGLU's (with the gated FFN) */
 } tb_activation;
+
+/* Which norm LN1 and LN2 are (tb_config.norm_type). */
+typedef enum {
+    TB_LAYERNORM = 0,         /* (x - mean) / sqrt(var + eps) (* gamma + beta), the lesson */
+    TB_RMSNORM = 1            /* x / sqrt(mean(x^2) + eps) (* gamma), Llama's */
+} tb_norm_type;
+
+/* Which FFN the block has (tb_config.ffn). */
+typedef enum {
+    TB_FFN_MLP = 0,           /* act(X W_ff1) W_ff2, the lesson */
+    TB_FFN_GATED = 1          /* (act(X W_gate) * (X W_ff1)) W_ff2 */
+} tb_ffn_kind;
+
+/* How token positions enter the block (tb_config.positions). */
+typedef enum {
+    TB_POS_NONE = 0,          /* they come with the input (a learned table added before the block) */
+    TB_POS_ROTARY = 1         /* rotary embeddings turn Q and K */
+} tb_positions;
+
+/* Which attention projections carry a bias (tb_config.has_attn_bias). */
+typedef enum {
+    TB_BIAS_NONE = 0,         /* none, the lesson */
+    TB_BIAS_QKVO = 1,         /* b_q, b_k, b_v and b_o (GPT-2) */
+    TB_BIAS_QKV = 2           /* b_q, b_k, b_v, no b_o (Qwen2) */
+} tb_attn_bias;
 
 /* How a quantized weight matrix W (d_in, d_out) is stored (tb_dequantize). The
  * stored rows are W^T, one per output feature, as Hugging Face and GGUF files hold
@@ -140,16 +185,22 @@ typedef struct {
     double  eps;              /* LayerNorm epsilon, added to the variance inside the sqrt; > 0, finite */
     int     has_ffn_bias;     /* 1: b_ff1, b_ff2 are given; 0: they must be NULL */
     int     has_ln_affine;    /* 1: ln1/ln2 gamma, beta are given; 0: they must be NULL */
-    int     has_attn_bias;    /* 1: b_q, b_k, b_v, b_o are given; 0: they must be NULL */
-    int     dot;              /* a tb_dot: how products with w_q .. w_ff2 are computed */
+    int     has_attn_bias;    /* a tb_attn_bias: which of b_q, b_k, b_v, b_o are given (the rest NULL) */
+    int     dot;              /* a tb_dot: how products with w_q .. w_ff2 and w_gate are computed */
     int     kv;               /* a tb_kv: how a KV cache call's caller stores keys and values */
+    int     norm_type;        /* a tb_norm_type; RMSNorm's affine is gamma only (betas NULL) */
+    int     ffn;              /* a tb_ffn_kind; gated: w_gate given (and b_gate with has_ffn_bias) */
+    int     positions;        /* a tb_positions; rotary needs d_k even */
+    double  rope_theta;       /* rotary base, > 0 and finite (read with rotary only) */
+    double  rope_scale;       /* rotary's linear scaling: positions divided by it, > 0 (rotary only) */
+    int64_t n_kv_heads;       /* heads of K and V, dividing n_heads; 0 means n_heads */
 } tb_config;
 
 /* The block's parameters, each with its length in doubles. */
 typedef struct {
     const double *w_q;       size_t w_q_len;        /* (d_model, d_model): Q = X @ w_q */
-    const double *w_k;       size_t w_k_len;        /* (d_model, d_model): K = X @ w_k */
-    const double *w_v;       size_t w_v_len;        /* (d_model, d_model): V = X @ w_v */
+    const double *w_k;       size_t w_k_len;        /* (d_model, d_kv): K = X @ w_k */
+    const double *w_v;       size_t w_v_len;        /* (d_model, d_kv): V = X @ w_v */
     const double *w_o;       size_t w_o_len;        /* (d_model, d_model): A_out = out_concat @ w_o */
     const double *w_ff1;     size_t w_ff1_len;      /* (d_model, d_ff):    F_pre = X @ w_ff1 */
     const double *w_ff2;     size_t w_ff2_len;      /* (d_ff, d_model):    F_out = F_post @ w_ff2 */
@@ -160,9 +211,11 @@ typedef struct {
     const double *ln2_gamma; size_t ln2_gamma_len;  /* (d_model,) or NULL without has_ln_affine */
     const double *ln2_beta;  size_t ln2_beta_len;   /* (d_model,) or NULL without has_ln_affine */
     const double *b_q;       size_t b_q_len;        /* (d_model,) or NULL without has_attn_bias */
-    const double *b_k;       size_t b_k_len;        /* (d_model,) or NULL without has_attn_bias */
-    const double *b_v;       size_t b_v_len;        /* (d_model,) or NULL without has_attn_bias */
-    const double *b_o;       size_t b_o_len;        /* (d_model,) or NULL without has_attn_bias */
+    const double *b_k;       size_t b_k_len;        /* (d_kv,)    or NULL without has_attn_bias */
+    const double *b_v;       size_t b_v_len;        /* (d_kv,)    or NULL without has_attn_bias */
+    const double *b_o;       size_t b_o_len;        /* (d_model,) or NULL unless has_attn_bias is TB_BIAS_QKVO */
+    const double *w_gate;    size_t w_gate_len;     /* (d_model, d_ff): F_gate = X @ w_gate; NULL unless gated */
+    const double *b_gate;    size_t b_gate_len;     /* (d_ff,) or NULL unless gated with has_ffn_bias */
 } tb_weights;
 
 /* Working memory for tb_block_forward (tb_block_forward_cached), allocated by the
@@ -173,15 +226,16 @@ typedef struct {
 } tb_scratch;
 
 /* Optional outputs of tb_block_forward: the lesson's intermediates for the
- * whole batch, each with its length in doubles. All thirteen must be given.
+ * whole batch, each with its length in doubles. All thirteen must be given,
+ * and F_gate too with the gated FFN (without it F_gate is not read or written).
  * For Post-LN, H_norm1 is LN1(H_in + A_out) (= H_mid) and H_norm2 is
  * LN2(H_mid + F_out) (= H_out); Q, K, V are then computed from H_in and
- * F_pre from H_mid. */
+ * F_pre from H_mid. Q and K are after rotary, when the config has it. */
 typedef struct {
     double *H_norm1;    size_t H_norm1_len;     /* (B, T, d_model) LN1 output */
     double *Q;          size_t Q_len;           /* (B, T, d_model) */
-    double *K;          size_t K_len;           /* (B, T, d_model) */
-    double *V;          size_t V_len;           /* (B, T, d_model) */
+    double *K;          size_t K_len;           /* (B, T, d_kv) */
+    double *V;          size_t V_len;           /* (B, T, d_kv) */
     double *A;          size_t A_len;           /* (B, n_heads, T, T) attention probabilities */
     double *out_concat; size_t out_concat_len;  /* (B, T, d_model) head outputs side by side */
     double *A_out;      size_t A_out_len;       /* (B, T, d_model) out_concat @ w_o (+ b_o) */
@@ -191,6 +245,7 @@ typedef struct {
     double *F_post;     size_t F_post_len;      /* (B, T, d_ff) */
     double *F_out;      size_t F_out_len;       /* (B, T, d_model) */
     double *H_out;      size_t H_out_len;       /* (B, T, d_model) block output */
+    double *F_gate;     size_t F_gate_len;      /* (B, T, d_ff) the gated FFN's X @ w_gate (+ b_gate) */
 } tb_trace;
 
 /* A fixed English sentence for a status code (any int; unknown codes get one too). */
@@ -210,16 +265,34 @@ tb_status tb_layernorm_rows(double *out, size_t out_len,
                             const double *gamma, const double *beta, size_t affine_len,
                             double eps);
 
+/* out (rows, cols) = each row scaled to unit root mean square: x / sqrt(mean(x^2) + eps);
+ * then * gamma when it is given ((cols,), gamma_len its length; NULL for none). */
+tb_status tb_rmsnorm_rows(double *out, size_t out_len,
+                          const double *X, size_t X_len,
+                          int64_t rows, int64_t cols,
+                          const double *gamma, size_t gamma_len,
+                          double eps);
+
+/* out (rows, cols) = X with rotary positions: each of its cols / d_k heads turned as the
+ * header's comment says, row t at position first + t. Uses cfg's d_model, n_heads
+ * (d_k = d_model / n_heads), rope_theta and rope_scale; cfg->positions must be rotary,
+ * cols a multiple of d_k (TB_ERR_HEADS otherwise), first >= 0 (TB_ERR_CACHE_RANGE). */
+tb_status tb_rotary_rows(double *out, size_t out_len,
+                         const double *X, size_t X_len,
+                         int64_t rows, int64_t cols, int64_t first, const tb_config *cfg);
+
 /* out (rows, cols) = row-wise softmax of S, max-subtracted. With causal = 1,
  * row t keeps only columns i <= t and the others are exactly 0. */
 tb_status tb_masked_softmax_rows(double *out, size_t out_len,
                                  const double *S, size_t S_len,
                                  int64_t rows, int64_t cols, int causal);
 
-/* One head: S (T, T) = Q_h K_h^T / sqrt(d_k); A_h (T, T) = masked softmax of S;
- * columns head*d_k .. head*d_k+d_k-1 of out_concat (T, d_model) = A_h V_h.
- * Q, K, V are (T, d_model); the other columns of out_concat are left as they are.
- * Uses cfg's d_model, n_heads and causal (the whole cfg must be valid). */
+/* One head: S (T, T) = Q_h K_g^T / sqrt(d_k); A_h (T, T) = masked softmax of S;
+ * columns head*d_k .. head*d_k+d_k-1 of out_concat (T, d_model) = A_h V_g, where g =
+ * head / (n_heads / n_kv_heads) is the K/V head it reads. Q is (T, d_model), K and V
+ * (T, d_kv); the other columns of out_concat are left as they are. Q and K are taken
+ * as given (rotated already, if the block rotates them). Uses cfg's d_model, n_heads,
+ * n_kv_heads and causal (the whole cfg must be valid). */
 tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
                             double *A_h, size_t A_h_len,
                             double *S, size_t S_len,
@@ -230,12 +303,23 @@ tb_status tb_attention_head(double *out_concat, size_t out_concat_len,
 
 /* FFN of X (T, d_model): F_pre (T, d_ff) = X w_ff1 (+ b_ff1); F_post (T, d_ff) =
  * act(F_pre); F_out (T, d_model) = F_post w_ff2 (+ b_ff2). Reads only the FFN
- * weights of w (w_q .. w_o and the LayerNorm ones may be anything). */
+ * weights of w (w_q .. w_o and the LayerNorm ones may be anything). The two-matrix
+ * FFN only: a gated cfg is TB_ERR_FFN (see tb_gated_ffn). */
 tb_status tb_ffn(double *F_out, size_t F_out_len,
                  double *F_pre, size_t F_pre_len,
                  double *F_post, size_t F_post_len,
                  const double *X, size_t X_len,
                  int64_t T, const tb_config *cfg, const tb_weights *w);
+
+/* The gated FFN of X (T, d_model): F_pre (T, d_ff) = X w_ff1 (+ b_ff1); F_gate (T, d_ff) =
+ * X w_gate (+ b_gate); F_post (T, d_ff) = act(F_gate) * F_pre; F_out (T, d_model) =
+ * F_post w_ff2 (+ b_ff2). cfg->ffn must be TB_FFN_GATED (TB_ERR_FFN otherwise). */
+tb_status tb_gated_ffn(double *F_out, size_t F_out_len,
+                       double *F_pre, size_t F_pre_len,
+                       double *F_gate, size_t F_gate_len,
+                       double *F_post, size_t F_post_len,
+                       const double *X, size_t X_len,
+                       int64_t T, const tb_config *cfg, const tb_weights *w);
 
 /* The block on a batch: out (B, T, d_model) = block(in (B, T, d_model)),
  * each sequence on its own. trace may be NULL; when given, the intermediates
@@ -255,13 +339,14 @@ tb_status tb_scratch_len_cached(const tb_config *cfg, int64_t T_new, int64_t pas
  *
  * in (B, T_new, d_model) holds tokens past .. past+T_new-1 of B sequences whose first
  * past tokens' keys and values are in the caches. K_cache and V_cache are
- * (B, n_heads, max_T, d_k) each: the key of token i, head h, sequence b is the d_k
- * doubles at K_cache + ((b * n_heads + h) * max_T + i) * d_k, the value likewise.
+ * (B, n_kv_heads, max_T, d_k) each (the K/V heads only): the key of token i, K/V head h,
+ * sequence b is the d_k doubles at K_cache + ((b * n_kv_heads + h) * max_T + i) * d_k, the
+ * value likewise; keys are stored after rotary, turned for their own positions.
  * The call writes the new tokens' keys and values at positions past .. past+T_new-1
  * (nothing else of the caches), and out (B, T_new, d_model) gets the rows that
  * tb_block_forward on the whole sequence of past + T_new tokens gives for them: new
  * token i attends to keys 0 .. past+i. The caches count as outputs for the overlap
- * check, each over its whole (B, n_heads, max_T, d_k) extent. */
+ * check, each over its whole (B, n_kv_heads, max_T, d_k) extent. */
 tb_status tb_block_forward_cached(double *out, size_t out_len,
                                   const double *in, size_t in_len,
                                   int64_t B, int64_t T_new, int64_t past, int64_t max_T,

@@ -430,7 +430,7 @@ static void test_ffn(void)
     FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 1, X, 2, 2, &cfg, &w), TB_ERR_OUTPUT_SIZE);
     FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, F_out, 2, 2, &cfg, &w), TB_ERR_OVERLAP);
     FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_pre, 2, X, 2, 2, &cfg, &w), TB_ERR_OVERLAP);
-    cfg.activation = 3;
+    cfg.activation = 4;
     FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_ACTIVATION);
     cfg.activation = -1;
     FFN_BAD(tb_ffn(F_out, 2, F_pre, 2, F_post, 2, X, 2, 2, &cfg, &w), TB_ERR_ACTIVATION);
@@ -824,7 +824,7 @@ static void test_block_bad_arguments(void)
     fx.cfg.has_ln_affine = 1;
     fx.cfg.has_attn_bias = 0;
     BF_BAD(fixture_run(&fx, 1), TB_ERR_UNEXPECTED_WEIGHT);
-    fx.cfg.has_attn_bias = 2;
+    fx.cfg.has_attn_bias = 3;
     BF_BAD(fixture_run(&fx, 1), TB_ERR_FLAG);
     fx.cfg.has_attn_bias = 1;
 
@@ -870,7 +870,7 @@ static void test_block_bad_arguments(void)
     fx.cfg.norm = -1;
     BF_BAD(fixture_run(&fx, 1), TB_ERR_NORM);
     fx.cfg.norm = TB_NORM_PRE;
-    fx.cfg.activation = 3;
+    fx.cfg.activation = 4;
     BF_BAD(fixture_run(&fx, 1), TB_ERR_ACTIVATION);
     fx.cfg.activation = TB_ACT_GELU_TANH;
     fx.cfg.causal = 2;

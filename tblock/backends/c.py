@@ -27,16 +27,26 @@ import numpy as np
 from ..api import TRACE_NAMES, BackendUnavailable
 
 EXTENSION = "tblock._cref"
+# the lesson's block with every flag on; the gated FFN adds GATED_NAMES
 WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2", "b_ff1", "b_ff2",
                 "ln1_gamma", "ln1_beta", "ln2_gamma", "ln2_beta", "b_q", "b_k", "b_v", "b_o")
+GATED_NAMES = ("w_gate", "b_gate")
+ALL_WEIGHT_NAMES = WEIGHT_NAMES + GATED_NAMES
+C_TRACE_NAMES = TRACE_NAMES + ("F_gate",)       # tb_trace's arrays; F_gate only with the gated FFN
 CONFIG_FIELDS = ("d_model", "n_heads", "d_ff", "causal", "norm", "activation", "eps",
-                 "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot", "kv")
+                 "has_ffn_bias", "has_ln_affine", "has_attn_bias", "dot", "kv",
+                 "norm_type", "ffn", "positions", "rope_theta", "rope_scale", "n_kv_heads")
 _NORMS = {"pre": "TB_NORM_PRE", "post": "TB_NORM_POST"}
-_ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU"}
+_NORM_TYPES = {"layernorm": "TB_LAYERNORM", "rmsnorm": "TB_RMSNORM"}
+_FFNS = {"mlp": "TB_FFN_MLP", "gated": "TB_FFN_GATED"}
+_POSITIONS = {"none": "TB_POS_NONE", "rotary": "TB_POS_ROTARY"}
+_ATTN_BIAS = {False: "TB_BIAS_NONE", True: "TB_BIAS_QKVO", "qkv": "TB_BIAS_QKV"}
+_ACTIVATIONS = {"gelu_tanh": "TB_ACT_GELU_TANH", "gelu_erf": "TB_ACT_GELU_ERF", "relu": "TB_ACT_RELU",
+                "silu": "TB_ACT_SILU"}
 _DOTS = {"fp32": "TB_DOT_EXACT", "int8": "TB_DOT_Q8", "bf16": "TB_DOT_BF16"}
 _KV = {"bf16": "TB_KV_BF16", "int8": "TB_KV_Q8"}      # a KV cache's format -> tb_kv (others: exact)
 _FORMATS = {"bf16": "TB_FMT_BF16", "int8": "TB_FMT_Q8_0", "int4": "TB_FMT_Q4_0"}   # tblock.formats -> tb_format
-MATRIX_NAMES = WEIGHT_NAMES[:6]
+MATRIX_NAMES = WEIGHT_NAMES[:6] + ("w_gate",)
 
 
 class CRefError(ValueError):
@@ -71,38 +81,29 @@ def _check(function: str, code: int) -> None:
                         ffi.string(lib.tb_status_message(code)).decode())
 
 
-# BlockConfig options the C reference does not compute yet, with the value it does compute:
-# refused by name, so no option is silently computed as the lesson's block
-_NOT_YET = (("norm_type", "layernorm"), ("ffn", "mlp"), ("positions", "none"))
-
-
-def _refuse_unsupported(cfg) -> None:
-    """ValueError naming the first option of cfg that the C reference does not compute."""
-    for name, computed in _NOT_YET:
-        if getattr(cfg, name) != computed:
-            raise ValueError(f"backend 'c' does not compute {name}={getattr(cfg, name)!r} yet "
-                             f"(only {name}={computed!r})")
-    if cfg.activation not in _ACTIVATIONS:
-        raise ValueError(f"backend 'c' does not compute activation={cfg.activation!r} yet "
-                         f"(only {tuple(_ACTIVATIONS)})")
-    if cfg.kv_heads != cfg.n_heads:
-        raise ValueError(f"backend 'c' does not compute n_kv_heads={cfg.n_kv_heads} yet "
-                         f"(only n_kv_heads = n_heads = {cfg.n_heads})")
-    if cfg.attn_bias not in (False, True):
-        raise ValueError(f"backend 'c' does not compute attn_bias={cfg.attn_bias!r} yet (only False or True)")
+def _choice(table: dict, name: str, value) -> str:
+    """table[value]: the C enum of a BlockConfig option; ValueError naming an option this
+    backend does not know, so no option is ever computed as some other one."""
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise ValueError(f"backend 'c' does not compute {name}={value!r} (only {tuple(table)})") from None
 
 
 def config_fields(cfg, dot: str = "fp32", kv: str = "fp32") -> dict:
     """The tb_config fields of a tblock.BlockConfig, as a dict; ``dot``: how products with
     the weights are computed (tblock.formats), "fp32", "int8" or "bf16"; ``kv``: the format of the
     KV cache a cached call's keys and values go to."""
-    _refuse_unsupported(cfg)
     lib = _extension().lib
+    enum = lambda table, name: getattr(lib, _choice(table, name, getattr(cfg, name)))   # noqa: E731
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, causal=int(cfg.causal),
-                norm=getattr(lib, _NORMS[cfg.norm]), activation=getattr(lib, _ACTIVATIONS[cfg.activation]),
+                norm=enum(_NORMS, "norm"), activation=enum(_ACTIVATIONS, "activation"),
                 eps=cfg.eps, has_ffn_bias=int(cfg.ffn_bias), has_ln_affine=int(cfg.ln_affine),
-                has_attn_bias=int(cfg.attn_bias), dot=getattr(lib, _DOTS[dot]),
-                kv=getattr(lib, _KV.get(kv, "TB_KV_EXACT")))
+                has_attn_bias=enum(_ATTN_BIAS, "attn_bias"), dot=getattr(lib, _DOTS[dot]),
+                kv=getattr(lib, _KV.get(kv, "TB_KV_EXACT")),
+                norm_type=enum(_NORM_TYPES, "norm_type"), ffn=enum(_FFNS, "ffn"),
+                positions=enum(_POSITIONS, "positions"), rope_theta=cfg.rope_theta,
+                rope_scale=cfg.rope_scale, n_kv_heads=cfg.kv_heads)
 
 
 class _Call:
@@ -160,11 +161,11 @@ class _Call:
         """A tb_weights from a dict name -> array (missing names and None are NULL); None: NULL."""
         if weights is None:
             return self.ffi.NULL
-        unknown = set(weights) - set(WEIGHT_NAMES)
+        unknown = set(weights) - set(ALL_WEIGHT_NAMES)
         if unknown:
             raise KeyError(f"unknown weight names {sorted(unknown)}")
         w = self.ffi.new("tb_weights *")
-        for name in WEIGHT_NAMES:
+        for name in ALL_WEIGHT_NAMES:
             ptr, n = self.buf(name, weights.get(name))
             setattr(w, name, ptr)
             setattr(w, name + "_len", n)
@@ -202,11 +203,11 @@ def call_block_forward_raw(out, H, B: int, T: int, cfg: dict | None, weights: di
     s = call.ffi.new("tb_scratch *", {"data": sp, "len": sn}) if scratch_struct else call.ffi.NULL
     t = call.ffi.NULL
     if trace is not None:
-        unknown = set(trace) - set(TRACE_NAMES)
+        unknown = set(trace) - set(C_TRACE_NAMES)
         if unknown:
             raise KeyError(f"unknown trace names {sorted(unknown)}")
         t = call.ffi.new("tb_trace *")
-        for name in TRACE_NAMES:
+        for name in C_TRACE_NAMES:
             ptr, n = call.buf(name, trace.get(name), writable=True)
             setattr(t, name, ptr)
             setattr(t, name + "_len", n)
@@ -226,9 +227,9 @@ def call_block_forward_cached_raw(out, H, B: int, T_new: int, past: int, max_T: 
                                   cfg: dict | None, weights: dict | None, scratch, lens: dict | None = None,
                                   scratch_struct: bool = True) -> None:
     """tb_block_forward_cached(out, H, B, T_new, past, max_T, K_cache, V_cache, cfg, weights,
-    scratch) as given. The caches are (B, n_heads, max_T, d_k) float64 arrays (or None); C
-    writes the new tokens' keys and values into them in place. ``lens`` keys: "out", "H",
-    "K_cache", "V_cache", "scratch" or a weight name."""
+    scratch) as given. The caches are (B, n_kv_heads, max_T, d_k) float64 arrays (or None); C
+    writes the new tokens' keys and values (keys after rotary) into them in place. ``lens``
+    keys: "out", "H", "K_cache", "V_cache", "scratch" or a weight name."""
     call = _Call(lens)
     out_p, out_n = call.buf("out", out, writable=True)
     in_p, in_n = call.buf("H", H)
@@ -256,6 +257,28 @@ def layernorm_rows_raw(out, X, rows: int, cols: int, gamma=None, beta=None, eps:
     call.finish()
     _check("tb_layernorm_rows", call.lib.tb_layernorm_rows(
         out_p, out_n, x_p, x_n, rows, cols, g_p, b_p, g_n if affine_len is None else affine_len, eps))
+
+
+def rmsnorm_rows_raw(out, X, rows: int, cols: int, gamma=None, eps: float = 1e-5,
+                     lens: dict | None = None) -> None:
+    """tb_rmsnorm_rows; lens keys: out, X, gamma."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    x_p, x_n = call.buf("X", X)
+    g_p, g_n = call.buf("gamma", gamma)
+    call.finish()
+    _check("tb_rmsnorm_rows", call.lib.tb_rmsnorm_rows(out_p, out_n, x_p, x_n, rows, cols, g_p, g_n, eps))
+
+
+def rotary_rows_raw(out, X, rows: int, cols: int, first: int, cfg: dict | None,
+                    lens: dict | None = None) -> None:
+    """tb_rotary_rows: out = X's heads turned for positions first .. first+rows-1; lens keys: out, X."""
+    call = _Call(lens)
+    out_p, out_n = call.buf("out", out, writable=True)
+    x_p, x_n = call.buf("X", X)
+    c = call.config(cfg)
+    call.finish()
+    _check("tb_rotary_rows", call.lib.tb_rotary_rows(out_p, out_n, x_p, x_n, rows, cols, first, c))
 
 
 def masked_softmax_rows_raw(out, S, rows: int, cols: int, causal: int, lens: dict | None = None) -> None:
@@ -290,6 +313,20 @@ def ffn_raw(F_out, F_pre, F_post, X, T: int, cfg: dict | None, weights: dict | N
     call.finish()
     flat = [x for pair in args for x in pair]
     _check("tb_ffn", call.lib.tb_ffn(*flat, T, c, w))
+
+
+def gated_ffn_raw(F_out, F_pre, F_gate, F_post, X, T: int, cfg: dict | None, weights: dict | None,
+                  lens: dict | None = None) -> None:
+    """tb_gated_ffn; lens keys: F_out, F_pre, F_gate, F_post, X and the FFN weight names."""
+    call = _Call(lens)
+    args = [call.buf("F_out", F_out, writable=True), call.buf("F_pre", F_pre, writable=True),
+            call.buf("F_gate", F_gate, writable=True), call.buf("F_post", F_post, writable=True),
+            call.buf("X", X)]
+    c = call.config(cfg)
+    w = call.weights(weights)
+    call.finish()
+    flat = [x for pair in args for x in pair]
+    _check("tb_gated_ffn", call.lib.tb_gated_ffn(*flat, T, c, w))
 
 
 def status_codes() -> dict:
@@ -335,7 +372,7 @@ def dequantize(matrix) -> np.ndarray:
 def _float64_weights(weights) -> dict:
     """Every weight present, as a C-contiguous float64 array."""
     w = {}
-    for name in WEIGHT_NAMES:
+    for name in ALL_WEIGHT_NAMES:
         value = getattr(weights, name)
         if value is None:
             continue
@@ -347,10 +384,13 @@ def _float64_weights(weights) -> dict:
 
 
 def trace_shapes(B: int, T: int, cfg) -> dict:
-    """Shape of each trace array for a batch of B sequences of T tokens."""
+    """Shape of each trace array for a batch of B sequences of T tokens (F_gate: gated only)."""
     d, f = cfg.d_model, cfg.d_ff
     shapes = {name: (B, T, d) for name in TRACE_NAMES}
-    shapes.update(A=(B, cfg.n_heads, T, T), F_pre=(B, T, f), F_post=(B, T, f))
+    shapes.update(K=(B, T, cfg.d_kv), V=(B, T, cfg.d_kv), A=(B, cfg.n_heads, T, T), F_pre=(B, T, f),
+                  F_post=(B, T, f))
+    if cfg.ffn == "gated":
+        shapes.update(F_gate=(B, T, f))
     return shapes
 
 
@@ -378,7 +418,7 @@ def forward_cached(H: np.ndarray, weights, cfg, cache):
     cache.length; returns their float64 H_out, having written their K and V into the cache
     past cache.length (tblock.api then moves cache.length).
 
-    C computes in double only, and takes the cache as rows, (B, n_heads, keys, d_k): it gets
+    C computes in double only, and takes the cache as rows, (B, n_kv_heads, keys, d_k): it gets
     a float64 copy of the rows it reads, past + T_new, the past ones from the cache's packed
     layout (KVCache.head_rows) and the new ones for it to fill, and the new rows are stored
     back in the cache's layout and dtype. So the new tokens attend to their own keys
@@ -391,7 +431,7 @@ def forward_cached(H: np.ndarray, weights, cfg, cache):
     w = weights.prepared(("c_ref", "float64"), _float64_weights)
     fields = config_fields(cfg, weights.dot, getattr(cache, "format", "fp32"))
     # NaN-filled, so a value C never wrote could not pass for a result
-    K = np.full((B, cfg.n_heads, past + T_new, cfg.d_k), np.nan)     # (B, h, keys, d_k) float64
+    K = np.full((B, cfg.kv_heads, past + T_new, cfg.d_k), np.nan)    # (B, kv heads, keys, d_k) float64
     V = np.full_like(K, np.nan)
     for b in range(B):
         K[b, :, :past], V[b, :, :past] = cache.head_rows(b, past)
@@ -426,8 +466,12 @@ def components(cfg, weights, dtype):
         return np.ascontiguousarray(a, dtype=np.float64)
 
     def layernorm(X):
+        # the block's norm, LayerNorm or RMSNorm (the component keeps the lesson's name)
         [out] = bufs(("ln", X.shape[0]), (X.shape[0], d))
-        layernorm_rows_raw(out, f64(X), X.shape[0], d, w64.get("ln1_gamma"), w64.get("ln1_beta"), cfg.eps)
+        if cfg.norm_type == "rmsnorm":
+            rmsnorm_rows_raw(out, f64(X), X.shape[0], d, w64.get("ln1_gamma"), cfg.eps)
+        else:
+            layernorm_rows_raw(out, f64(X), X.shape[0], d, w64.get("ln1_gamma"), w64.get("ln1_beta"), cfg.eps)
         return out
 
     def softmax(S):
@@ -447,8 +491,11 @@ def components(cfg, weights, dtype):
 
     def ffn(X):
         T = X.shape[0]
-        out, pre, post = bufs(("ffn", T), (T, d), (T, f), (T, f))
-        ffn_raw(out, pre, post, f64(X), T, fields, w64)
+        out, pre, post, gate = bufs(("ffn", T), (T, d), (T, f), (T, f), (T, f))
+        if cfg.ffn == "gated":
+            gated_ffn_raw(out, pre, gate, post, f64(X), T, fields, w64)
+        else:
+            ffn_raw(out, pre, post, f64(X), T, fields, w64)
         return out
 
     cs.fns.update(layernorm=layernorm, softmax=softmax, attention_core=attention_core, ffn=ffn,
