@@ -157,7 +157,8 @@ class GGUFFile:
     """A GGUF file's header: ``version``, ``metadata`` {key: value}, ``tensors`` {name:
     GGUFTensor} in the file's order, ``alignment``; ``read(name)`` gives a tensor's values.
     Metadata values: ints, floats, bools and strs; arrays of numbers or bools as read-only
-    NumPy arrays, arrays of strings as lists."""
+    NumPy arrays, arrays of strings as lists; ``value_types`` {key: its GGUF type's name,
+    e.g. "u32", "f32", "string", "array"}."""
 
     def __init__(self, path):
         self.path, f = _open(path)
@@ -193,7 +194,7 @@ class GGUFFile:
         self._n_kv = cur.count("the metadata count", 13)
 
     def _read_metadata(self, cur: _Cursor) -> dict:
-        meta = {}
+        meta, self.value_types = {}, {}
         for i in range(self._n_kv):
             key = cur.string(f"metadata key {i}", MAX_KEY)
             if not key:
@@ -206,6 +207,7 @@ class GGUFFile:
     def _value(self, cur: _Cursor, key: str):
         what = f"metadata {key!r}"
         vtype = cur.scalar("I", f"{what}'s type")
+        self.value_types[key] = TYPE_NAMES.get(vtype, str(vtype))
         if vtype != ARRAY:
             return self._scalar(cur, vtype, what)
         etype = cur.scalar("I", f"{what}'s element type")
@@ -235,8 +237,9 @@ class GGUFFile:
         if "general.alignment" not in self.metadata:
             return DEFAULT_ALIGNMENT
         a = self.metadata["general.alignment"]
-        if type(a) is not int or not 0 < a < 2**32:
-            raise self._fail(f"general.alignment must be a u32, got {a!r:.60}")
+        if self.value_types["general.alignment"] != "u32" or a == 0:
+            raise self._fail(f"general.alignment must be a u32 above 0, got {self.value_types['general.alignment']} "
+                             f"{a!r:.60}")
         if a & (a - 1):
             raise self._fail(f"general.alignment must be a power of 2, got {a}")
         return a
