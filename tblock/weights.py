@@ -132,7 +132,7 @@ class BlockWeights:
             arrays[name] = a
         if any(arrays.get(n) is None for n in FFN_BIASES) and any(arrays.get(n) is not None for n in FFN_BIASES):
             raise ValueError("b_ff1 and b_ff2 must be given together, got only one of them")
-        if arrays.get("b_gate") is not None and (arrays.get("w_gate") is None or arrays.get("b_ff1") is None):
+        if arrays.get("b_gate") is not None and (self.w_gate is None or arrays.get("b_ff1") is None):
             raise ValueError("b_gate comes with w_gate and b_ff1, b_ff2")
         for group in (LN_GAINS, LN_SHIFTS, QKV_BIASES):
             given = [n for n in group if arrays.get(n) is not None]
