@@ -27,7 +27,7 @@ import numpy as np
 
 
 def prompt_ids(n: int, vocab: int, seed: int) -> np.ndarray:
-    """n random token ids below the last id (GPT-2's end of text), as bench_engines.py draws them."""
+    """n random token ids below the last id (the end of text), as bench_engines.py draws them."""
     return np.random.default_rng(seed).integers(0, vocab - 1, n)
 
 
