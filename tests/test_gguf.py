@@ -591,3 +591,23 @@ def test_token_list_must_match(tmp_path, rng):
     with pytest.raises(ValueError, match=r"tokenizer.ggml.tokens' must list one token per row of 'token_embd.weight' "
                                          r"\(50\), got 49 tokens"):
         read_gguf_model(path)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_damaged_bytes_are_refused_or_read(tmp_path_factory, data):
+    """Any few bytes of a valid model file overwritten: the file reads, or a ValueError names
+    it; never another exception (an IndexError, an OverflowError, a MemoryError)."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    hf_t = llama_tensors(np.random.default_rng(1), L=1, d=32, heads=2, kv=1, ff=32, vocab=8)
+    good = llama_file(tmp, "llama", hf_t, llama_meta(L=1, d=32, heads=2, kv=1, ff=32), "int8")
+    raw = bytearray(good.read_bytes())
+    header = GGUFFile(good).data_start          # most damage goes to the header, some to the data
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.one_of(st.integers(0, header), st.integers(0, len(raw) - 1)))
+        raw[at:at + 8] = data.draw(st.binary(min_size=1, max_size=8))[:len(raw) - at]
+    path = write(tmp, bytes(raw), "fuzz.gguf")
+    try:
+        read_gguf_model(path)
+    except ValueError as e:
+        assert str(e).startswith(str(path))
