@@ -507,8 +507,8 @@ static void test_ffn_q8_dot(void)
 
 /* ---- tb_block_forward ---- */
 
-#define N_WEIGHTS 16
-#define N_TRACE 13
+#define N_WEIGHTS 18
+#define N_TRACE 14
 
 /* Everything one tb_block_forward call needs, each buffer malloc'ed at exactly its shape. */
 typedef struct {
@@ -523,7 +523,19 @@ typedef struct {
     size_t *weight_len[N_WEIGHTS];
     double **trace_buf[N_TRACE];         /* the array pointers of trace */
     size_t *trace_len[N_TRACE];
+    size_t dkv;                          /* columns of K and V: n_kv_heads * d_k */
 } fixture;
+
+/* The K/V heads of cfg (n_kv_heads, 0 meaning n_heads) and their columns. */
+static size_t kv_heads_of(const tb_config *cfg)
+{
+    return (size_t)(cfg->n_kv_heads == 0 ? cfg->n_heads : cfg->n_kv_heads);
+}
+
+static size_t dkv_of(const tb_config *cfg)
+{
+    return kv_heads_of(cfg) * (size_t)(cfg->d_model / cfg->n_heads);
+}
 
 static double *fixture_alloc(size_t n, unsigned long *state)
 {
@@ -535,11 +547,13 @@ static double *fixture_alloc(size_t n, unsigned long *state)
 static void fixture_init(fixture *fx, tb_config cfg, int64_t B, int64_t T, unsigned long seed)
 {
     const size_t b = (size_t)B, t = (size_t)T, d = (size_t)cfg.d_model, f = (size_t)cfg.d_ff,
-                 h = (size_t)cfg.n_heads;
+                 h = (size_t)cfg.n_heads, kv = dkv_of(&cfg);
+    const int gated = cfg.ffn == TB_FFN_GATED, betas = cfg.has_ln_affine && cfg.norm_type == TB_LAYERNORM;
     unsigned long state = seed;
     size_t n;
     memset(fx, 0, sizeof *fx);
     fx->cfg = cfg;
+    fx->dkv = kv;
     fx->B = B;
     fx->T = T;
     fx->n_seq = b * t * d;
@@ -550,17 +564,19 @@ static void fixture_init(fixture *fx, tb_config cfg, int64_t B, int64_t T, unsig
         const double **weight[N_WEIGHTS] = {
             &fx->w.w_q, &fx->w.w_k, &fx->w.w_v, &fx->w.w_o, &fx->w.w_ff1, &fx->w.w_ff2,
             &fx->w.b_ff1, &fx->w.b_ff2, &fx->w.ln1_gamma, &fx->w.ln1_beta, &fx->w.ln2_gamma, &fx->w.ln2_beta,
-            &fx->w.b_q, &fx->w.b_k, &fx->w.b_v, &fx->w.b_o};
+            &fx->w.b_q, &fx->w.b_k, &fx->w.b_v, &fx->w.b_o, &fx->w.w_gate, &fx->w.b_gate};
         size_t *weight_len[N_WEIGHTS] = {
             &fx->w.w_q_len, &fx->w.w_k_len, &fx->w.w_v_len, &fx->w.w_o_len, &fx->w.w_ff1_len, &fx->w.w_ff2_len,
             &fx->w.b_ff1_len, &fx->w.b_ff2_len, &fx->w.ln1_gamma_len, &fx->w.ln1_beta_len,
             &fx->w.ln2_gamma_len, &fx->w.ln2_beta_len,
-            &fx->w.b_q_len, &fx->w.b_k_len, &fx->w.b_v_len, &fx->w.b_o_len};
-        const size_t shape[N_WEIGHTS] = {d * d, d * d, d * d, d * d, d * f, f * d, f, d, d, d, d, d, d, d, d, d};
+            &fx->w.b_q_len, &fx->w.b_k_len, &fx->w.b_v_len, &fx->w.b_o_len, &fx->w.w_gate_len, &fx->w.b_gate_len};
+        const size_t shape[N_WEIGHTS] = {d * d, d * kv, d * kv, d * d, d * f, f * d, f, d, d, d, d, d,
+                                         d, kv, kv, d, d * f, f};
         const int present[N_WEIGHTS] = {1, 1, 1, 1, 1, 1, cfg.has_ffn_bias, cfg.has_ffn_bias,
-                                        cfg.has_ln_affine, cfg.has_ln_affine, cfg.has_ln_affine,
-                                        cfg.has_ln_affine, cfg.has_attn_bias, cfg.has_attn_bias,
-                                        cfg.has_attn_bias, cfg.has_attn_bias};
+                                        cfg.has_ln_affine, betas, cfg.has_ln_affine, betas,
+                                        cfg.has_attn_bias != TB_BIAS_NONE, cfg.has_attn_bias != TB_BIAS_NONE,
+                                        cfg.has_attn_bias != TB_BIAS_NONE, cfg.has_attn_bias == TB_BIAS_QKVO,
+                                        gated, gated && cfg.has_ffn_bias};
         for (int i = 0; i < N_WEIGHTS; i++) {
             fx->weight[i] = weight[i];
             fx->weight_len[i] = weight_len[i];
@@ -579,19 +595,22 @@ static void fixture_init(fixture *fx, tb_config cfg, int64_t B, int64_t T, unsig
         double **buf[N_TRACE] = {
             &fx->trace.H_norm1, &fx->trace.Q, &fx->trace.K, &fx->trace.V, &fx->trace.A,
             &fx->trace.out_concat, &fx->trace.A_out, &fx->trace.H_mid, &fx->trace.H_norm2,
-            &fx->trace.F_pre, &fx->trace.F_post, &fx->trace.F_out, &fx->trace.H_out};
+            &fx->trace.F_pre, &fx->trace.F_post, &fx->trace.F_out, &fx->trace.H_out, &fx->trace.F_gate};
         size_t *len[N_TRACE] = {
             &fx->trace.H_norm1_len, &fx->trace.Q_len, &fx->trace.K_len, &fx->trace.V_len, &fx->trace.A_len,
             &fx->trace.out_concat_len, &fx->trace.A_out_len, &fx->trace.H_mid_len, &fx->trace.H_norm2_len,
-            &fx->trace.F_pre_len, &fx->trace.F_post_len, &fx->trace.F_out_len, &fx->trace.H_out_len};
-        const size_t shape[N_TRACE] = {b * t * d, b * t * d, b * t * d, b * t * d, b * h * t * t,
+            &fx->trace.F_pre_len, &fx->trace.F_post_len, &fx->trace.F_out_len, &fx->trace.H_out_len,
+            &fx->trace.F_gate_len};
+        const size_t shape[N_TRACE] = {b * t * d, b * t * d, b * t * kv, b * t * kv, b * h * t * t,
                                        b * t * d, b * t * d, b * t * d, b * t * d, b * t * f, b * t * f,
-                                       b * t * d, b * t * d};
+                                       b * t * d, b * t * d, b * t * f};
         for (int i = 0; i < N_TRACE; i++) {
             fx->trace_buf[i] = buf[i];
             fx->trace_len[i] = len[i];
-            *buf[i] = alloc_doubles(shape[i]);
-            *len[i] = shape[i];
+            if (i < N_TRACE - 1 || gated) {     /* F_gate: the gated FFN's only */
+                *buf[i] = alloc_doubles(shape[i]);
+                *len[i] = shape[i];
+            }
         }
     }
 }
@@ -705,8 +724,10 @@ static void test_block_by_hand(void)
 
 /* A batch is its sequences one by one; the trace does not change the output; a longer
  * output buffer is written only within its shape. */
+static tb_config with_variant(tb_config cfg, int v);
+
 static void test_block_consistency(int norm, int activation, int causal, int bias, int affine,
-                                   int attn_bias)
+                                   int attn_bias, int variant)
 {
     tb_config cfg = small_config(6, 3, 10, causal);
     fixture fx;
@@ -717,6 +738,7 @@ static void test_block_consistency(int norm, int activation, int causal, int bia
     cfg.has_ffn_bias = bias;
     cfg.has_ln_affine = affine;
     cfg.has_attn_bias = attn_bias;
+    cfg = with_variant(cfg, variant);
     fixture_init(&fx, cfg, 3, 5, 42);
     per_seq = fx.n_seq / 3;
 
@@ -799,6 +821,8 @@ static void test_block_bad_arguments(void)
     }
     for (int i = 0; i < N_WEIGHTS; i++) {      /* every weight missing, then one double short */
         const double *saved = *fx.weight[i];
+        if (saved == NULL)                     /* absent from this config */
+            continue;
         *fx.weight[i] = NULL;
         BF_BAD(fixture_run(&fx, 1), TB_ERR_NULL_WEIGHT);
         *fx.weight[i] = saved;
@@ -808,6 +832,8 @@ static void test_block_bad_arguments(void)
     }
     for (int i = 0; i < N_TRACE; i++) {        /* every trace array missing, then one double short */
         double *saved = *fx.trace_buf[i];
+        if (saved == NULL)                     /* F_gate without the gated FFN */
+            continue;
         *fx.trace_buf[i] = NULL;
         BF_BAD(fixture_run(&fx, 1), TB_ERR_NULL_TRACE);
         *fx.trace_buf[i] = saved;
@@ -946,7 +972,7 @@ static void test_scratch_len(void)
 
 /* ---- tb_block_forward_cached ---- */
 
-/* Key and value caches for a fixture's B sequences, (B, n_heads, max_T, d_k) each,
+/* Key and value caches for a fixture's B sequences, (B, n_kv_heads, max_T, d_k) each,
  * malloc'ed at exactly that length. */
 typedef struct {
     int64_t max_T;
@@ -958,7 +984,7 @@ static caches caches_alloc(const fixture *fx, int64_t max_T, double value)
 {
     caches c;
     c.max_T = max_T;
-    c.len = (size_t)fx->B * (size_t)max_T * (size_t)fx->cfg.d_model;
+    c.len = (size_t)fx->B * (size_t)max_T * fx->dkv;
     c.K = alloc_doubles(c.len);
     c.V = alloc_doubles(c.len);
     fill(c.K, c.len, value);
@@ -972,11 +998,11 @@ static void caches_free(caches *c)
     free(c->V);
 }
 
-/* Offset of token t, head h, sequence b in a cache (B, n_heads, max_T, d_k). */
+/* Offset of token t, K/V head h, sequence b in a cache (B, n_kv_heads, max_T, d_k). */
 static size_t cache_at(const fixture *fx, const caches *c, size_t b, size_t h, size_t t)
 {
-    const size_t n_heads = (size_t)fx->cfg.n_heads, dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads);
-    return ((b * n_heads + h) * (size_t)c->max_T + t) * dk;
+    const size_t n_kv = kv_heads_of(&fx->cfg), dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads);
+    return ((b * n_kv + h) * (size_t)c->max_T + t) * dk;
 }
 
 /* 1 when the cache rows of tokens from .. max_T-1 are all NaN (never written) in both caches. */
@@ -984,7 +1010,7 @@ static int cache_rows_nan(const fixture *fx, const caches *c, size_t from)
 {
     const size_t dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads);
     for (size_t b = 0; b < (size_t)fx->B; b++)
-        for (size_t h = 0; h < (size_t)fx->cfg.n_heads; h++)
+        for (size_t h = 0; h < kv_heads_of(&fx->cfg); h++)
             for (size_t t = from; t < (size_t)c->max_T; t++)
                 for (size_t i = 0; i < dk; i++)
                     if (!isnan(c->K[cache_at(fx, c, b, h, t) + i]) || !isnan(c->V[cache_at(fx, c, b, h, t) + i]))
@@ -992,16 +1018,16 @@ static int cache_rows_nan(const fixture *fx, const caches *c, size_t from)
     return 1;
 }
 
-/* 1 when cache rows 0 .. T-1 hold the full forward's K and V (fx's trace), head h's
- * d_k columns of row t at token t of its (max_T, d_k) block. */
+/* 1 when cache rows 0 .. T-1 hold the full forward's K and V (fx's trace; keys after
+ * rotary), K/V head h's d_k columns of row t at token t of its (max_T, d_k) block. */
 static int cache_holds_trace(const fixture *fx, const caches *c)
 {
-    const size_t d = (size_t)fx->cfg.d_model, dk = d / (size_t)fx->cfg.n_heads, T = (size_t)fx->T;
+    const size_t dk = (size_t)(fx->cfg.d_model / fx->cfg.n_heads), T = (size_t)fx->T;
     for (size_t b = 0; b < (size_t)fx->B; b++)
-        for (size_t h = 0; h < (size_t)fx->cfg.n_heads; h++)
+        for (size_t h = 0; h < kv_heads_of(&fx->cfg); h++)
             for (size_t t = 0; t < T; t++)
                 for (size_t i = 0; i < dk; i++) {
-                    const size_t row = (b * T + t) * d + h * dk + i;
+                    const size_t row = (b * T + t) * fx->dkv + h * dk + i;
                     if (c->K[cache_at(fx, c, b, h, t) + i] != fx->trace.K[row] ||
                         c->V[cache_at(fx, c, b, h, t) + i] != fx->trace.V[row])
                         return 0;
@@ -1033,7 +1059,7 @@ static tb_status run_chunk(const fixture *fx, const caches *c, int64_t past, int
 /* Fed in chunks through the caches, the sequences give the very doubles of the full
  * forward, and the caches end up holding its K and V. Rows past the chunk are NaN: a
  * read of one would turn the output NaN. */
-static void test_cached_matches_full(int norm, int activation, int bias, int affine, int attn_bias)
+static void test_cached_matches_full(int norm, int activation, int bias, int affine, int attn_bias, int variant)
 {
     static const int64_t schedules[][8] = {{7}, {1, 1, 1, 1, 1, 1, 1}, {3, 1, 2, 1}, {2, 5}, {6, 1}};
     const int64_t B = 2, T = 7, slack = 2;
@@ -1044,6 +1070,7 @@ static void test_cached_matches_full(int norm, int activation, int bias, int aff
     cfg.has_ffn_bias = bias;
     cfg.has_ln_affine = affine;
     cfg.has_attn_bias = attn_bias;
+    cfg = with_variant(cfg, variant);
     fixture_init(&fx, cfg, B, T, 99);
     CHECK_STATUS(fixture_run(&fx, 1), TB_OK);    /* the full forward and its K, V */
 
@@ -1198,6 +1225,8 @@ static void test_cached_bad_arguments(void)
     }
     for (int i = 0; i < N_WEIGHTS; i++) {      /* every weight missing, then one double short */
         const double *saved = *fx.weight[i];
+        if (saved == NULL)                     /* absent from this config */
+            continue;
         *fx.weight[i] = NULL;
         FC_BAD(GOOD(), TB_ERR_NULL_WEIGHT);
         *fx.weight[i] = saved;
@@ -1314,6 +1343,433 @@ static void test_cached_bad_arguments(void)
     fixture_free(&fx);
 }
 
+/* ---- the variants of the blocks in use today (RMSNorm, gated FFN, rotary, GQA, Q/K/V biases) ---- */
+
+/* cfg with variant bits: 1 RMSNorm, 2 the gated FFN, 4 rotary positions, 8 one K/V head,
+ * 16 Q/K/V-only biases (where cfg has attention biases). */
+static tb_config with_variant(tb_config cfg, int v)
+{
+    if (v & 1)
+        cfg.norm_type = TB_RMSNORM;
+    if (v & 2)
+        cfg.ffn = TB_FFN_GATED;
+    if (v & 4) {
+        cfg.positions = TB_POS_ROTARY;
+        cfg.rope_theta = 10000.0;
+        cfg.rope_scale = 2.0;
+    }
+    if (v & 8)
+        cfg.n_kv_heads = 1;
+    if ((v & 16) && cfg.has_attn_bias)
+        cfg.has_attn_bias = TB_BIAS_QKV;
+    return cfg;
+}
+
+static void test_rmsnorm(void)
+{
+    /* row [3, 4]: mean square 12.5, eps 0.5: divided by sqrt(13); row [0, 0] stays 0 */
+    double *X = alloc_doubles(4), *out = alloc_doubles(4), *gamma = alloc_doubles(2);
+    const double x[4] = {3, 4, 0, 0};
+    memcpy(X, x, sizeof x);
+    gamma[0] = 2.0;
+    gamma[1] = -1.0;
+    CHECK_STATUS(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, NULL, 0, 0.5), TB_OK);
+    CHECK_CLOSE(out[0], 3.0 / sqrt(13.0));
+    CHECK_CLOSE(out[1], 4.0 / sqrt(13.0));
+    CHECK(out[2] == 0.0 && out[3] == 0.0);
+    CHECK_STATUS(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, gamma, 2, 0.5), TB_OK);
+    CHECK_CLOSE(out[0], 6.0 / sqrt(13.0));
+    CHECK_CLOSE(out[1], -4.0 / sqrt(13.0));
+
+#define RMS_BAD(call, want)                    \
+    do {                                       \
+        fill(out, 4, SENTINEL);                \
+        CHECK_STATUS(call, want);              \
+        CHECK(all_equal(out, 4, SENTINEL));    \
+    } while (0)
+    RMS_BAD(tb_rmsnorm_rows(NULL, 4, X, 4, 2, 2, NULL, 0, 0.5), TB_ERR_NULL_ARG);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, NULL, 4, 2, 2, NULL, 0, 0.5), TB_ERR_NULL_ARG);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, NULL, 0, 0.0), TB_ERR_EPS);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, NULL, 0, NAN), TB_ERR_EPS);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, 0, 2, NULL, 0, 0.5), TB_ERR_DIM);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, INT64_MAX, INT64_MAX, NULL, 0, 0.5), TB_ERR_OVERFLOW);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 3, 2, 2, NULL, 0, 0.5), TB_ERR_INPUT_SIZE);
+    RMS_BAD(tb_rmsnorm_rows(out, 3, X, 4, 2, 2, NULL, 0, 0.5), TB_ERR_OUTPUT_SIZE);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, gamma, 1, 0.5), TB_ERR_WEIGHT_SIZE);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, out, 4, 2, 2, NULL, 0, 0.5), TB_ERR_OVERLAP);
+    RMS_BAD(tb_rmsnorm_rows(out, 4, X, 4, 2, 2, out + 2, 2, 0.5), TB_ERR_OVERLAP);
+#undef RMS_BAD
+    free(X);
+    free(out);
+    free(gamma);
+}
+
+static void test_rotary_rows(void)
+{
+    /* d_k = 4, theta = 16: pair 0 (x0, x2) turns by t / scale, pair 1 (x1, x3) by t / scale / 4.
+     * Row 0 at position 3, row 1 at position 4, scale 1.5; two heads turn alike. */
+    tb_config cfg = small_config(4, 1, 4, 1);
+    double *X = alloc_doubles(16), *out = alloc_doubles(16);
+    const double x[4] = {1, 2, 3, 4};
+    cfg.positions = TB_POS_ROTARY;
+    cfg.rope_theta = 16.0;
+    cfg.rope_scale = 1.5;
+    for (int r = 0; r < 4; r++)
+        memcpy(X + 4 * r, x, sizeof x);
+    CHECK_STATUS(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_OK);
+    for (int r = 0; r < 2; r++) {
+        const double a0 = (3.0 + r) / 1.5, a1 = a0 / 4.0;
+        CHECK_CLOSE(out[4 * r + 0], 1 * cos(a0) - 3 * sin(a0));
+        CHECK_CLOSE(out[4 * r + 1], 2 * cos(a1) - 4 * sin(a1));
+        CHECK_CLOSE(out[4 * r + 2], 3 * cos(a0) + 1 * sin(a0));
+        CHECK_CLOSE(out[4 * r + 3], 4 * cos(a1) + 2 * sin(a1));
+    }
+    CHECK_STATUS(tb_rotary_rows(out + 8, 8, X, 8, 1, 8, 3, &cfg), TB_OK);   /* one row of two heads */
+    for (int i = 0; i < 4; i++)
+        CHECK(out[8 + i] == out[i] && out[12 + i] == out[i]);
+    CHECK_STATUS(tb_rotary_rows(out, 16, X, 16, 4, 4, 0, &cfg), TB_OK);    /* position 0: the identity */
+    CHECK(memcmp(out, X, 4 * sizeof(double)) == 0);
+
+#define ROT_BAD(call, want)                    \
+    do {                                       \
+        fill(out, 16, SENTINEL);               \
+        CHECK_STATUS(call, want);              \
+        CHECK(all_equal(out, 16, SENTINEL));   \
+    } while (0)
+    ROT_BAD(tb_rotary_rows(NULL, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_NULL_ARG);
+    ROT_BAD(tb_rotary_rows(out, 8, NULL, 8, 2, 4, 3, &cfg), TB_ERR_NULL_ARG);
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, NULL), TB_ERR_NULL_ARG);
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 0, 4, 3, &cfg), TB_ERR_DIM);
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, -1, &cfg), TB_ERR_CACHE_RANGE);
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 6, 3, &cfg), TB_ERR_HEADS);     /* 6 columns: 1.5 heads */
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, INT64_MAX, &cfg), TB_ERR_OVERFLOW);
+    ROT_BAD(tb_rotary_rows(out, 8, X, 7, 2, 4, 3, &cfg), TB_ERR_INPUT_SIZE);
+    ROT_BAD(tb_rotary_rows(out, 7, X, 8, 2, 4, 3, &cfg), TB_ERR_OUTPUT_SIZE);
+    ROT_BAD(tb_rotary_rows(out, 8, out + 4, 8, 2, 4, 3, &cfg), TB_ERR_OVERLAP);
+    cfg.rope_theta = 0.0;
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_ROPE);
+    cfg.rope_theta = INFINITY;
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_ROPE);
+    cfg.rope_theta = 16.0;
+    cfg.rope_scale = NAN;
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_ROPE);
+    cfg.rope_scale = 1.5;
+    cfg.positions = TB_POS_NONE;
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_POSITIONS);
+    cfg.positions = 2;
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_POSITIONS);
+    cfg.positions = TB_POS_ROTARY;
+    cfg.n_heads = 4;                           /* d_k = 1: no pairs */
+    ROT_BAD(tb_rotary_rows(out, 8, X, 8, 2, 4, 3, &cfg), TB_ERR_ROPE);
+#undef ROT_BAD
+    free(X);
+    free(out);
+}
+
+static void test_gated_ffn(void)
+{
+    /* d = 1, f = 2, X = 2: F_pre = 2 * [1, 3] + [0.5, 0] = [2.5, 6]; F_gate = 2 * [1, -1] + [0, 0.5]
+     * = [2, -1.5]; relu: F_post = [2 * 2.5, 0] = [5, 0]; F_out = 5 * 0.5 + 0 * 7 + 0.25 = 2.75 */
+    tb_config cfg = small_config(1, 1, 2, 1);
+    tb_weights w;
+    double *X = alloc_doubles(1), *F_out = alloc_doubles(1), *F_pre = alloc_doubles(2);
+    double *F_gate = alloc_doubles(2), *F_post = alloc_doubles(2);
+    double *w1 = alloc_doubles(2), *wg = alloc_doubles(2), *w2 = alloc_doubles(2);
+    double *b1 = alloc_doubles(2), *bg = alloc_doubles(2), *b2 = alloc_doubles(1);
+    memset(&w, 0, sizeof w);
+    X[0] = 2.0;
+    w1[0] = 1.0, w1[1] = 3.0, wg[0] = 1.0, wg[1] = -1.0, w2[0] = 0.5, w2[1] = 7.0;
+    b1[0] = 0.5, b1[1] = 0.0, bg[0] = 0.0, bg[1] = 0.5, b2[0] = 0.25;
+    w.w_ff1 = w1, w.w_ff1_len = 2, w.w_gate = wg, w.w_gate_len = 2, w.w_ff2 = w2, w.w_ff2_len = 2;
+    w.b_ff1 = b1, w.b_ff1_len = 2, w.b_gate = bg, w.b_gate_len = 2, w.b_ff2 = b2, w.b_ff2_len = 1;
+    cfg.ffn = TB_FFN_GATED;
+    cfg.has_ffn_bias = 1;
+    cfg.activation = TB_ACT_RELU;
+    CHECK_STATUS(tb_gated_ffn(F_out, 1, F_pre, 2, F_gate, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_OK);
+    CHECK(F_pre[0] == 2.5 && F_pre[1] == 6.0 && F_gate[0] == 2.0 && F_gate[1] == -1.5);
+    CHECK(F_post[0] == 5.0 && F_post[1] == 0.0 && F_out[0] == 2.75);
+    /* silu(x) = x / (1 + e^-x) */
+    cfg.activation = TB_ACT_SILU;
+    CHECK_STATUS(tb_gated_ffn(F_out, 1, F_pre, 2, F_gate, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_OK);
+    CHECK_CLOSE(F_post[0], 2.0 / (1.0 + exp(-2.0)) * 2.5);
+    CHECK_CLOSE(F_post[1], -1.5 / (1.0 + exp(1.5)) * 6.0);
+    X[0] = -1000.0;                            /* e^1000 overflows: silu is -0, not NaN */
+    CHECK_STATUS(tb_gated_ffn(F_out, 1, F_pre, 2, F_gate, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_OK);
+    CHECK(F_post[0] == 0.0 && all_finite(F_out, 1));
+    X[0] = 2.0;
+
+#define GF_BAD(call, want)                                                         \
+    do {                                                                           \
+        fill(F_out, 1, SENTINEL);                                                  \
+        fill(F_pre, 2, SENTINEL);                                                  \
+        fill(F_gate, 2, SENTINEL);                                                 \
+        fill(F_post, 2, SENTINEL);                                                 \
+        CHECK_STATUS(call, want);                                                  \
+        CHECK(all_equal(F_out, 1, SENTINEL) && all_equal(F_pre, 2, SENTINEL) &&    \
+              all_equal(F_gate, 2, SENTINEL) && all_equal(F_post, 2, SENTINEL));   \
+    } while (0)
+#define GF(F_gate_, F_gate_len, cfg_) tb_gated_ffn(F_out, 1, F_pre, 2, F_gate_, F_gate_len, F_post, 2, X, 1, 1, cfg_, &w)
+    GF_BAD(GF(NULL, 2, &cfg), TB_ERR_NULL_ARG);
+    GF_BAD(GF(F_gate, 1, &cfg), TB_ERR_OUTPUT_SIZE);
+    GF_BAD(GF(F_pre, 2, &cfg), TB_ERR_OVERLAP);
+    GF_BAD(tb_ffn(F_out, 1, F_pre, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_ERR_FFN);   /* tb_ffn: the MLP only */
+    w.w_gate = NULL;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_NULL_WEIGHT);
+    w.w_gate = wg;
+    w.b_gate_len = 1;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_WEIGHT_SIZE);
+    w.b_gate_len = 2;
+    w.b_gate = NULL;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_NULL_WEIGHT);
+    w.b_gate = bg;
+    w.w_gate = w1;                             /* the gate reads the up matrix: allowed (read-only) */
+    CHECK_STATUS(GF(F_gate, 2, &cfg), TB_OK);
+    w.w_gate = F_gate;                         /* a weight in an output is not */
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_OVERLAP);
+    w.w_gate = wg;
+    cfg.has_ffn_bias = 0;                      /* b_gate given without has_ffn_bias (b_ff1, b_ff2 first) */
+    w.b_ff1 = w.b_ff2 = NULL;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_UNEXPECTED_WEIGHT);
+    w.b_gate = NULL;
+    CHECK_STATUS(GF(F_gate, 2, &cfg), TB_OK);
+    cfg.ffn = TB_FFN_MLP;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_FFN);
+    w.w_gate = NULL;
+    CHECK_STATUS(tb_ffn(F_out, 1, F_pre, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_OK);
+    w.w_gate = wg;                             /* and the MLP refuses a gate */
+    GF_BAD(tb_ffn(F_out, 1, F_pre, 2, F_post, 2, X, 1, 1, &cfg, &w), TB_ERR_UNEXPECTED_WEIGHT);
+    cfg.ffn = 2;
+    GF_BAD(GF(F_gate, 2, &cfg), TB_ERR_FFN);
+#undef GF
+#undef GF_BAD
+    free(X), free(F_out), free(F_pre), free(F_gate), free(F_post);
+    free(w1), free(wg), free(w2), free(b1), free(bg), free(b2);
+}
+
+static void test_attention_head_grouped(void)
+{
+    /* T = 2, d_model = 2, two query heads of d_k = 1 sharing one K/V head (K, V are (2, 1)):
+     * head 1 reads K/V head 0. Q[:,1] = [1, 1], K = [0, ln 3], V = [2, 6]: as in
+     * test_attention_head, out[:,1] = [2, 5]; head 0 with Q[:,0] = [0, 0]: out[:,0] = [2, 4]. */
+    double *Q = alloc_doubles(4), *K = alloc_doubles(2), *V = alloc_doubles(2);
+    double *out = alloc_doubles(4), *A = alloc_doubles(4), *S = alloc_doubles(4);
+    tb_config cfg = small_config(2, 2, 8, 1);
+    const double q[4] = {0, 1, 0, 1};
+    cfg.n_kv_heads = 1;
+    memcpy(Q, q, sizeof q);
+    K[0] = 0.0, K[1] = log(3.0), V[0] = 2.0, V[1] = 6.0;
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 2, V, 2, 2, 1, &cfg), TB_OK);
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 2, V, 2, 2, 0, &cfg), TB_OK);
+    CHECK_CLOSE(out[1], 2.0);
+    CHECK_CLOSE(out[3], 5.0);
+    CHECK_CLOSE(out[0], 2.0);
+    CHECK_CLOSE(out[2], 4.0);
+    fill(out, 4, SENTINEL);
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 1, V, 2, 2, 1, &cfg), TB_ERR_INPUT_SIZE);
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 2, V, 1, 2, 1, &cfg), TB_ERR_INPUT_SIZE);
+    cfg.n_kv_heads = -1;
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 2, V, 2, 2, 1, &cfg), TB_ERR_KV_HEADS);
+    cfg.n_kv_heads = 3;
+    CHECK_STATUS(tb_attention_head(out, 4, A, 4, S, 4, Q, 4, K, 2, V, 2, 2, 1, &cfg), TB_ERR_KV_HEADS);
+    CHECK(all_equal(out, 4, SENTINEL));
+    free(Q), free(K), free(V), free(out), free(A), free(S);
+}
+
+/* One token at position 0: cos 1 and sin 0 leave Q and K as they are, so the rotary block
+ * gives the plain block's very doubles. */
+static void test_rotary_at_position_zero(void)
+{
+    tb_config cfg = with_variant(small_config(6, 3, 10, 1), 1 | 2 | 8);
+    fixture fx;
+    double *plain;
+    fixture_init(&fx, cfg, 3, 1, 5);
+    plain = alloc_doubles(fx.n_seq);
+    CHECK_STATUS(fixture_run(&fx, 0), TB_OK);
+    memcpy(plain, fx.out, fx.n_seq * sizeof(double));
+    fx.cfg = with_variant(fx.cfg, 4);
+    CHECK_STATUS(fixture_run(&fx, 0), TB_OK);
+    CHECK(memcmp(plain, fx.out, fx.n_seq * sizeof(double)) == 0);
+    free(plain);
+    fixture_free(&fx);
+}
+
+/* Grouped-query attention is multi-head attention whose K/V weights repeat each K/V head's
+ * columns for its group of query heads: the same doubles out, rotary and biases included. */
+static void test_gqa_equals_repeated_mha(int n_kv_heads)
+{
+    tb_config cfg = small_config(12, 6, 10, 1);   /* d_k = 2, groups of 6 / n_kv_heads */
+    fixture fx;
+    tb_weights full;
+    tb_config mha;
+    tb_scratch scratch;
+    double *out_mha, *wk, *wv, *bk, *bv;
+    const size_t d = 12, dk = 2, group = (size_t)(6 / n_kv_heads), dkv = (size_t)n_kv_heads * dk;
+    cfg.has_attn_bias = TB_BIAS_QKV;
+    cfg.n_kv_heads = n_kv_heads;
+    cfg = with_variant(cfg, 1 | 2 | 4);
+    fixture_init(&fx, cfg, 2, 5, 77);
+    wk = alloc_doubles(d * d), wv = alloc_doubles(d * d), bk = alloc_doubles(d), bv = alloc_doubles(d);
+    for (size_t col = 0; col < d; col++) {        /* column col of head col / dk reads K/V head (col / dk) / group */
+        const size_t from = (col / dk) / group * dk + col % dk;
+        for (size_t r = 0; r < d; r++) {
+            wk[r * d + col] = fx.w.w_k[r * dkv + from];
+            wv[r * d + col] = fx.w.w_v[r * dkv + from];
+        }
+        bk[col] = fx.w.b_k[from];
+        bv[col] = fx.w.b_v[from];
+    }
+    full = fx.w;
+    full.w_k = wk, full.w_k_len = d * d, full.w_v = wv, full.w_v_len = d * d;
+    full.b_k = bk, full.b_k_len = d, full.b_v = bv, full.b_v_len = d;
+    mha = cfg;
+    mha.n_kv_heads = 0;
+    out_mha = alloc_doubles(fx.n_seq);
+    CHECK_STATUS(tb_scratch_len(&mha, fx.T, &scratch.len), TB_OK);     /* MHA's K and V are wider */
+    scratch.data = alloc_doubles(scratch.len);
+    CHECK_STATUS(fixture_run(&fx, 0), TB_OK);
+    CHECK_STATUS(tb_block_forward(out_mha, fx.n_seq, fx.in, fx.n_seq, fx.B, fx.T, &mha, &full, &scratch, NULL),
+                 TB_OK);
+    CHECK(memcmp(out_mha, fx.out, fx.n_seq * sizeof(double)) == 0);
+    free(out_mha), free(wk), free(wv), free(bk), free(bv), free(scratch.data);
+    fixture_free(&fx);
+}
+
+/* Every bad argument the variants bring to tb_block_forward and tb_block_forward_cached:
+ * its status, and nothing written. */
+static void test_variant_bad_arguments(void)
+{
+    fixture fx;
+    tb_config good = small_config(6, 3, 10, 1);
+    double *extra = alloc_doubles(6);
+    good.has_ffn_bias = 1;
+    good.has_ln_affine = 1;
+    good.has_attn_bias = 1;
+    good = with_variant(good, 31);             /* RMSNorm, gated, rotary, one K/V head, Q/K/V biases */
+    fill(extra, 6, 1.0);
+    fixture_init(&fx, good, 2, 3, 13);
+    CHECK(fx.w.w_gate != NULL && fx.w.b_gate != NULL && fx.w.ln1_beta == NULL && fx.w.b_o == NULL);
+    CHECK(fx.w.w_k_len == 6 * 2 && fx.trace.K_len == 2 * 3 * 2 && fx.trace.F_gate != NULL);
+
+#define VB_BAD(want)                           \
+    do {                                       \
+        fixture_mark(&fx);                     \
+        CHECK_STATUS(fixture_run(&fx, 1), want); \
+        CHECK(fixture_untouched(&fx));         \
+    } while (0)
+    fixture_mark(&fx);
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    CHECK(all_finite(fx.out, fx.n_seq) && all_finite(fx.trace.F_gate, fx.trace.F_gate_len));
+    for (int i = 0; i < N_WEIGHTS; i++) {      /* w_gate and b_gate among them */
+        const double *saved = *fx.weight[i];
+        if (saved == NULL)
+            continue;
+        *fx.weight[i] = NULL;
+        VB_BAD(TB_ERR_NULL_WEIGHT);
+        *fx.weight[i] = saved;
+        *fx.weight_len[i] -= 1;
+        VB_BAD(TB_ERR_WEIGHT_SIZE);
+        *fx.weight_len[i] += 1;
+    }
+    for (int i = 0; i < N_TRACE; i++) {        /* F_gate among them */
+        double *saved = *fx.trace_buf[i];
+        *fx.trace_buf[i] = NULL;
+        VB_BAD(TB_ERR_NULL_TRACE);
+        *fx.trace_buf[i] = saved;
+        *fx.trace_len[i] -= 1;
+        VB_BAD(TB_ERR_TRACE_SIZE);
+        *fx.trace_len[i] += 1;
+    }
+    /* weights the variants leave out */
+    fx.w.ln2_beta = extra, fx.w.ln2_beta_len = 6;
+    VB_BAD(TB_ERR_UNEXPECTED_WEIGHT);          /* RMSNorm has no beta */
+    fx.w.ln2_beta = NULL, fx.w.ln2_beta_len = 0;
+    fx.w.b_o = extra, fx.w.b_o_len = 6;
+    VB_BAD(TB_ERR_UNEXPECTED_WEIGHT);          /* Q/K/V-only biases have no b_o */
+    fx.cfg.has_attn_bias = TB_BIAS_QKVO;
+    CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+    fx.cfg.has_attn_bias = TB_BIAS_QKV;
+    fx.w.b_o = NULL, fx.w.b_o_len = 0;
+    fx.cfg.ffn = TB_FFN_MLP;
+    VB_BAD(TB_ERR_UNEXPECTED_WEIGHT);          /* the MLP has no w_gate */
+    fx.cfg.ffn = TB_FFN_GATED;
+    /* enums and values */
+    fx.cfg.norm_type = 2;
+    VB_BAD(TB_ERR_NORM_TYPE);
+    fx.cfg.norm_type = TB_RMSNORM;
+    fx.cfg.ffn = -1;
+    VB_BAD(TB_ERR_FFN);
+    fx.cfg.ffn = TB_FFN_GATED;
+    fx.cfg.positions = 2;
+    VB_BAD(TB_ERR_POSITIONS);
+    fx.cfg.positions = TB_POS_ROTARY;
+    fx.cfg.activation = 4;
+    VB_BAD(TB_ERR_ACTIVATION);
+    fx.cfg.activation = TB_ACT_GELU_TANH;
+    fx.cfg.has_attn_bias = 3;
+    VB_BAD(TB_ERR_FLAG);
+    fx.cfg.has_attn_bias = TB_BIAS_QKV;
+    {
+        const double bad[4] = {0.0, -1.0, NAN, INFINITY};
+        for (int i = 0; i < 4; i++) {
+            fx.cfg.rope_theta = bad[i];
+            VB_BAD(TB_ERR_ROPE);
+            fx.cfg.rope_theta = 10000.0;
+            fx.cfg.rope_scale = bad[i];
+            VB_BAD(TB_ERR_ROPE);
+            fx.cfg.rope_scale = 2.0;
+        }
+    }
+    fx.cfg.d_model = 3;                        /* d_k = 1: no pairs to turn */
+    VB_BAD(TB_ERR_ROPE);
+    fx.cfg.d_model = 6;
+    fx.cfg.n_kv_heads = 2;                     /* does not divide 3 */
+    VB_BAD(TB_ERR_KV_HEADS);
+    fx.cfg.n_kv_heads = -3;
+    VB_BAD(TB_ERR_KV_HEADS);
+    fx.cfg.n_kv_heads = 3;                     /* MHA: w_k is now short of (d, d) */
+    VB_BAD(TB_ERR_WEIGHT_SIZE);
+    fx.cfg.n_kv_heads = 1;
+    /* overlaps: F_gate is an output */
+    {
+        double *saved = fx.trace.F_gate;
+        const double *saved_w = fx.w.w_gate;
+        fx.trace.F_gate = fx.trace.F_pre;
+        VB_BAD(TB_ERR_OVERLAP);
+        fx.trace.F_gate = saved;
+        fx.w.w_gate = fx.scratch.data;
+        VB_BAD(TB_ERR_OVERLAP);
+        fx.w.w_gate = fx.w.w_ff1;              /* read-only on read-only: allowed */
+        CHECK_STATUS(fixture_run(&fx, 1), TB_OK);
+        fx.w.w_gate = saved_w;
+    }
+    /* the cached call: caches of (B, n_kv_heads, max_T, d_k), one double short refused */
+    {
+        caches c = caches_alloc(&fx, 3, NAN);
+        double *out = alloc_doubles(fx.n_seq);
+        CHECK(c.len == 2 * 3 * 2);
+        CHECK_STATUS(run_chunk(&fx, &c, 0, 3, out), TB_OK);
+        c.len -= 1;
+        fill(out, fx.n_seq, SENTINEL);
+        CHECK_STATUS(run_chunk(&fx, &c, 0, 3, out), TB_ERR_CACHE_SIZE);
+        CHECK(all_equal(out, fx.n_seq, SENTINEL));
+        c.len += 1;
+        caches_free(&c);
+        free(out);
+    }
+#undef VB_BAD
+    free(extra);
+    fixture_free(&fx);
+}
+
+static void test_variant_scratch_len(void)
+{
+    /* one K/V head: K and V (T, d_kv = 2); the gated FFN: F_gate (T, f) too */
+    tb_config cfg = with_variant(small_config(6, 3, 10, 1), 2 | 8);
+    size_t n = 0;
+    CHECK_STATUS(tb_scratch_len(&cfg, 5, &n), TB_OK);
+    CHECK(n == 9 * 5 * 6 + 2 * 5 * 2 + 5 * 5 + 3 * 5 * 5 + 3 * 5 * 10);
+}
+
 int main(void)
 {
     test_status_strings();
@@ -1330,14 +1786,31 @@ int main(void)
         for (int act = 0; act < 3; act++)
             for (int flags = 0; flags < 16; flags++)
                 test_block_consistency(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1,
-                                       (flags >> 3) & 1);
+                                       (flags >> 3) & 1, 0);
     test_block_bad_arguments();
     test_scratch_len_cached();
     for (int norm = 0; norm < 2; norm++)
         for (int act = 0; act < 3; act++)
             for (int flags = 0; flags < 8; flags++)
-                test_cached_matches_full(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1);
+                test_cached_matches_full(norm, act, flags & 1, (flags >> 1) & 1, (flags >> 2) & 1, 0);
     test_cached_bad_arguments();
+    /* the variants: every combination, with all flags off and all on, each activation */
+    test_rmsnorm();
+    test_rotary_rows();
+    test_gated_ffn();
+    test_attention_head_grouped();
+    test_rotary_at_position_zero();
+    for (int kv = 1; kv <= 6; kv++)
+        if (6 % kv == 0)
+            test_gqa_equals_repeated_mha(kv);
+    test_variant_bad_arguments();
+    test_variant_scratch_len();
+    for (int variant = 1; variant < 32; variant++)
+        for (int flags = 0; flags < 2; flags++)
+            for (int norm = 0; norm < 2; norm++) {
+                test_block_consistency(norm, variant % 4, flags, flags, flags, flags, variant);
+                test_cached_matches_full(norm, (variant + 1) % 4, flags, flags, flags, variant);
+            }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }
