@@ -61,126 +61,40 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .layout import ceil_div, panels, rows_per_task, stage_grid, take, take_f64, task_tile, up16, weight_layout
-from .options import borrowed, borrowed_at, build, claim, finished, keep_alive, kernel, wait_for
+from .layout import ceil_div, ffn_cols, panels, rows_per_task, stage_grid, take, take_f64, up16
+from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch
+from .rotary import rope_table
 from .simd import panel_lanes
-from .kvstore import attend_cache, cache_first, cache_new_rows
-from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, ffn_down_task,
-                     ffn_input_task, ffn_rows_task, ffn_up_task, layernorm_piece, out_proj_task, pack_head, qkv_task)
+from .stages import attention_buffers, attention_direct_task, attention_task, attention_work, pack_head
+from .tasks import (ATTEND, ATTEND_CACHED, ATTEND_DIRECT, CACHE_FIRST, CACHE_NEW, FFN_IN, FFN_DOWN, FFN_ROWS, FFN_UP,
+                    HALF, LN1, LN_POST, OUT_PROJ, PLAN_COLS, PLAN_ROWS, QKV, ROPE, attention_stages_task,
+                    inline_new_rows, next_task, output_stages_task, plan_stage, qkv_panels)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
 from .wgemm import as_weights, borrow, floats, weights_at
 
 
 @kernel(parallel=True)
-def attention_core(qkv, T, d, n_heads, causal):
+def attention_core(qkv, T, d, n_heads, kv_heads, causal):
     """The block's attention on its own, for callers that time it alone: qkv is the
-    flat (B*T, 3d) buffer of projection rows [Q | K | V]; each head's output replaces
-    its Q columns.  The block gets K and V already packed from its projection (qkv_task);
-    here a packing pass (pack_head) comes first."""
+    flat (B*T, 3d) buffer of projection rows [Q | K | V] (K and V kv_heads heads wide);
+    each head's output replaces its Q columns.  The block gets K and V already packed from
+    its projection (qkv_task); here a packing pass (pack_head) comes first."""
     nseq = qkv.size // (3 * d) // T
     nbh = nseq * n_heads
-    dims = Dims(T, d, n_heads, 0, causal, False, 0, 0.0)    # the FFN's fields unused
-    if T * T * (d // n_heads) <= DIRECT_MAX:
+    dk = d // n_heads
+    dims = Dims(T, d, n_heads, 0, causal, False, 0, 0.0, kv_heads, False, False, 0.0, 1.0)   # the FFN's unused
+    if T * T * dk <= DIRECT_MAX:
         srow = np.empty(nbh * T)
         for t in prange(nbh):
             attention_direct_task(qkv, dims, t, srow)
         return
-    kt, vp = attention_buffers(qkv, nseq, T, d, n_heads)
-    for t in prange(nbh):
-        pack_head(qkv, T, d, n_heads, t, kt, vp)
+    kt, vp = attention_buffers(qkv, nseq, T, dk, kv_heads)
+    for t in prange(nseq * kv_heads):
+        pack_head(qkv, T, d, dk, kv_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
         attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T), kt[:0], 0)
-
-
-# The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
-# heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
-LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST = range(7)
-OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
-# The stage plan is (PLAN_ROWS, PLAN_COLS) intp: a row per stage, the attention half's
-# from row 0, the output half's from row HALF (5 stages a half at most); its columns: the
-# stage, its number of tasks, the next task of each half (next_task), tasks finished
-# (finished, wait_for: a decode step's one parallel region)
-HALF = 5
-PLAN_ROWS = 2 * HALF
-PLAN_COLS = 5
-
-
-@kernel(internal=True)
-def plan_stage(plan, n, stage, ntasks):
-    """Append (stage, ntasks) as row n of plan; the next free row."""
-    plan[n, 0] = stage
-    plan[n, 1] = ntasks
-    return n + 1
-
-
-@kernel(internal=True)
-def next_task(plan, s, w, halves, nthr):
-    """The next task of stage s for worker w (plan[s, 1] when none is left).  halves=1:
-    from one counter, as the workers ask.  halves=2: the tasks are two contiguous halves
-    with a counter each (columns 2 and 3); worker w takes from half w % 2, then from the
-    other.  For a GEMV (a decode step) a task is a panel of one weight matrix: two
-    threads taking neighbouring panels in turn streamed slower than each streaming a
-    run of its own (docs/perf-log.md)."""
-    n = plan[s, 1]
-    if halves == 1:
-        return claim(plan, s, 2, nthr)
-    size = (n + 1) // 2
-    for j in range(2):
-        g = (w + j) % 2
-        t = g * size + claim(plan, s, 2 + g, nthr)
-        if t < min(n, (g + 1) * size):
-            return t
-    return n
-
-
-@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
-    """Task t of ``stage`` (LN1 .. CACHE_FIRST) of _one_block, which sets out the records:
-    H the flat rows, bufs the Attend buffers, cache the block's Cache (past < 0: none)."""
-    d = dims.d
-    rows = H.size // d
-    if stage == LN1:
-        layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
-        layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, floats(Wf), layout[6], layout[7], dims.eps)
-    elif stage == QKV:
-        qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, 3 * panels(d, panel_lanes(floats(Wf)))), bufs)
-    elif stage == CACHE_NEW:
-        cache_new_rows(bufs.q, dims, t, cache)
-    elif stage == ATTEND_CACHED:
-        if dims.T <= BQ:            # one query tile: the task's own head, appended before it is read
-            cache_new_rows(bufs.q, dims, t, cache)
-        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
-    elif stage == ATTEND_DIRECT:
-        if cache.past == 0:
-            cache_new_rows(bufs.q, dims, t, cache)
-        attention_direct_task(bufs.q, dims, t, bufs.srow)
-    elif stage == ATTEND:
-        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
-    else:
-        cache_first(bufs.kt, bufs.vp, dims, t, cache)
-
-
-@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
-    """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of _one_block, which sets out the records:
-    H the flat rows, bufs the Output buffers."""
-    d = dims.d
-    rows = H.size // d
-    if stage == OUT_PROJ:
-        out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, panel_lanes(floats(Wf)))), bufs)
-    elif stage == FFN_IN:
-        ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
-    elif stage == FFN_UP:
-        ffn_up_task(Wf, dims, rows, bufs, t)
-    elif stage == FFN_DOWN:
-        ffn_down_task(Wf, dims, rows, bufs, t)
-    elif stage == LN_POST:
-        layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
-        layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, floats(Wf), layout[8], layout[9], dims.eps)
-    else:
-        ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))
 
 
 @kernel
@@ -190,12 +104,29 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
     of few keys (T * T * d_k <= DIRECT_MAX, or tokens cached): a KVCache keeps one for a
     decode step, so the step allocates nothing.  In the order one_block takes it: Q K V
     rows, LN1, the untiled attention's row, each attention task's tiles, two output
-    buffers (a stack's blocks alternate), the FFN's input and hidden layer."""
+    buffers (a stack's blocks alternate), the FFN's input and hidden layer, the gated
+    FFN's [gate | up] panels; then, from the end, the rotary table (rope_rows).  Grouped K
+    and V and the gated FFN need no more than this counts for them."""
     w = 8 // itemsize
     nbh = rows // T * n_heads
     n = up16(rows * 3 * d) + up16(rows * d) + up16(nbh * T * w)
     n += nbh * ceil_div(T, BQ) * attention_work(min(T, BQ), keys, d // n_heads, NR, itemsize)
-    return n + 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
+    n += 3 * up16(rows * d) + up16(rows * (dff + 64 // itemsize))
+    return n + up16(rows * ffn_cols(dff, True, NR)) + up16(T * (d // n_heads))
+
+
+@kernel(internal=True, fastmath=False)
+def rope_rows(dims, first, work):
+    """The rotary table (rotary.rope_table) of a call's T rows a sequence, tokens first..:
+    the end of the work buffer when there is one (work_len keeps room for it there), else a
+    new array; empty without rotary positions."""
+    if dims.rope_theta <= 0:
+        return work[:0]
+    dk = dims.d // dims.n_heads
+    n = dims.T * dk
+    R = np.empty(n, dtype=work.dtype) if work.size == 0 else work[work.size - n:]
+    rope_table(R, dims.T, dk, first, dims.rope_theta, dims.rope_scale)
+    return R
 
 
 def _one_block(H, Wf, dims, cache, scratch, nthr):
@@ -204,7 +135,8 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     elements); else with a work buffer (scratch.work: work_len elements, few keys; empty:
     none) output buffer scratch.slot (0 or 1) of it, every scratch buffer taken from it
     too; else a new array.  scratch.plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage
-    plan.  cache: the block's Cache (past = -1: none)."""
+    plan; scratch.rope: the rotary table of the call's rows (rope_rows).  cache: the
+    block's Cache (past = -1: none)."""
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     plan, work = scratch.plan, scratch.work
     past = cache.past
@@ -224,14 +156,14 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         q, pos = take(work, pos, rows * ldq)
         kt = vp = q                         # unused on this path (no allocation)
     else:
-        # Q (rows, d), later overwritten by the heads' outputs; K and V packed per head
+        # Q (rows, d), later overwritten by the heads' outputs; K and V packed per K/V head
         ldq = d
         q, pos = take(work, pos, rows * ldq)
-        kt, vp = attention_buffers(q, nseq, T, d, n_heads)
+        kt, vp = attention_buffers(q, nseq, T, d // n_heads, dims.kv_heads)
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
-    mc, groups, ntasks = stage_grid(rows, 3 * panels(d, NR), MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr)
     X, ln_in_task = H, dims.pre_ln
     if dims.pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
@@ -241,8 +173,11 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         n = plan_stage(plan, n, LN1, nthr)
         ln_in_task = False
     n = plan_stage(plan, n, QKV, ntasks)
-    # 2. attention per (sequence, head[, query tile]), head by head, costly tiles first
+    # 2. attention per (sequence, head[, query tile]), head by head, costly tiles first;
+    # rotary positions and the cache's new rows per (sequence, K/V head) before it
     nbh = nseq * n_heads
+    nkv = nseq * dims.kv_heads
+    rotary = dims.rope_theta > 0
     nqt = ceil_div(T, BQ)
     srow, pos = take_f64(work, pos, nbh * T if direct and not extend else 0)
     a_pos = pos                         # the attention tasks' tiles (attention_task)
@@ -252,24 +187,28 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         # with tokens cached: the new keys and values go into the cache, then the queries
         # attend over all of it; a decode step's query reads the cached keys and values
         # through the micro-kernel's one-row loop
-        if nqt > 1:
-            n = plan_stage(plan, n, CACHE_NEW, nbh)
+        if not inline_new_rows(dims, True):
+            n = plan_stage(plan, n, CACHE_NEW, nkv)
         n = plan_stage(plan, n, ATTEND_CACHED, nbh * nqt)
     elif direct:
         # tiny sequences: one task per (sequence, head), no packing
+        if not inline_new_rows(dims, False) and (rotary or past == 0):
+            n = plan_stage(plan, n, CACHE_NEW, nkv)
         n = plan_stage(plan, n, ATTEND_DIRECT, nbh)
     else:
+        if rotary:
+            n = plan_stage(plan, n, ROPE, nkv)
         n = plan_stage(plan, n, ATTEND, nbh * nqt)
         if past == 0:
             # a first chunk into an empty cache: its keys and values, packed as the cache
             # holds them, copied there
-            n = plan_stage(plan, n, CACHE_FIRST, nbh)
+            n = plan_stage(plan, n, CACHE_FIRST, nkv)
     # the tasks get borrowed views (no reference counts); the arguments outlive the call,
     # and keep_alive holds each buffer of this function until its last task has run
     Hb, Wb = borrowed(H), borrow(Wf)
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
-                    borrowed(work), a_pos)
+                    borrowed(work), a_pos, borrowed(scratch.rope))
     kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T)
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
@@ -279,9 +218,9 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         # finished-task counts (wait_for), not a region each, whose start and join cost
         # a visible part of a stage this short (docs/perf-log.md); every buffer is set
         # out before the region
-        out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(dims, scratch, rows, pos, nthr)
+        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr)
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
-        output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf)
+        output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
         for s in range(PLAN_ROWS):
             plan[s, 2] = plan[s, 3] = plan[s, 4] = 0
         for w in prange(nthr):
@@ -299,7 +238,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
-        keep_alive(X, kt, vp, srow, q, out, xn, hid, plan, work)
+        keep_alive(X, kt, vp, srow, q, out, xn, hid, gu, plan, work, scratch.rope)
         return out.reshape((nseq, T, d))
     for s in range(n):
         plan[s, 2] = plan[s, 3] = 0
@@ -308,13 +247,13 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
             while t < plan[s, 1]:
                 attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv)
                 t = next_task(plan, s, w, halves, nthr)
-    keep_alive(X, kt, vp, srow)
+    keep_alive(X, kt, vp, srow, scratch.rope)
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
     # are freed, which keeps them off the peak of memory at long T
-    out, xn, hid, ldh, mc2, groups2, mf, n2 = output_plan(dims, scratch, rows, pos, nthr)
+    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr)
     grid2 = Grid(nthr, mc2, groups2)
-    output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf)
+    output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
     for s in range(HALF, n2):
         plan[s, 2] = plan[s, 3] = 0
         for w in prange(min(nthr, plan[s, 1])):
@@ -322,15 +261,15 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
             while t < plan[s, 1]:
                 output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output)
                 t = next_task(plan, s, w, halves, nthr)
-    keep_alive(q, out, xn, hid, plan, work)
+    keep_alive(q, out, xn, hid, gu, plan, work)
     return out.reshape((nseq, T, d))
 
 
 @kernel(internal=True, inline="always")
 def output_plan(dims, scratch, rows, pos, nthr):
     """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
-    (out, xn, hid, ldh, mc, groups, mf, the row after its last stage; mc and groups: its
-    GEMM stage's split).
+    (out, xn, hid, ldh, mc, groups, mf, the row after its last stage, gu; mc and groups:
+    its GEMM stage's split).
     pos: the work buffer's first position past the attention half's scratch.
 
     3. out = H + out_concat @ W_O + b_o (out_concat sits in the Q columns of q): out is
@@ -340,8 +279,9 @@ def output_plan(dims, scratch, rows, pos, nthr):
        hidden layer hid (rows, ldh) whole, in two GEMM stages split by columns
        (ffn_up_task, ffn_down_task), each weight streamed by one thread (with a work
        buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
-       row tile of mf rows, residual and LayerNorms fused (ffn_rows_task)."""
-    plan, work, slot, dest = scratch
+       row tile of mf rows, residual and LayerNorms fused (ffn_rows_task).  The gated FFN's
+       split stages put each hidden panel's [gate | up] pair in gu (rows, ffn_cols)."""
+    plan, work, slot, dest = scratch.plan, scratch.work, scratch.slot, scratch.dest
     d, dff = dims.d, dims.dff
     NR = panel_lanes(work)
     if dest.size > 0:
@@ -357,15 +297,16 @@ def output_plan(dims, scratch, rows, pos, nthr):
     if (nthr > 1 and rows <= MF * nthr) or work.size > 0:
         xn, pos = take(work, pos, rows * d)
         hid, pos = take(work, pos, rows * ldh)
+        gu, pos = take(work, pos, rows * ffn_cols(dff, True, NR) if dims.gated else 0)
         n = plan_stage(plan, n, FFN_IN, nthr)
         n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
         n = plan_stage(plan, n, FFN_DOWN, npo)
         if not dims.pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:
-        xn = hid = work[:0]             # unused: an empty view, not an allocation
+        xn = hid = gu = work[:0]        # unused: an empty view, not an allocation
         n = plan_stage(plan, n, FFN_ROWS, ceil_div(rows, mf))
-    return out, xn, hid, ldh, mc, groups, mf, n
+    return out, xn, hid, ldh, mc, groups, mf, n, gu
 
 
 # _one_block's builds: its prange loops run in turn, or on Numba's threads
@@ -378,8 +319,9 @@ one_block_parallel = build(_one_block, "one_block_parallel", parallel=True, read
 def block_parallel(H3, Wf, cfg, nthr):
     """The block on H3 (B, T, d) C-contiguous, its tasks on nthr threads: (H_out, -1) with
     H_out a new (B, T, d) array, or (an empty array, 0) when H3 holds a NaN or an Inf.
-    Wf: the flat weights (weight_layout).  cfg: (n_heads, dff, causal, pre_ln, act, eps),
-    the fields of a Dims after T and d (act: an activations.*_CODE).  nthr: the number of
+    Wf: the flat weights (weight_layout).  cfg: (n_heads, dff, causal, pre_ln, act, eps,
+    kv_heads, rms, gated, rope_theta, rope_scale), the fields of a Dims after T and d
+    (act: an activations.*_CODE).  nthr: the number of
     threads the tasks are sized for (numba.get_num_threads()) - an argument because
     calling get_num_threads in here makes the function uncacheable.  With a KV cache:
     cached_parallel; into a given array, serially: block_serial."""
@@ -392,7 +334,8 @@ def block_parallel(H3, Wf, cfg, nthr):
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
-    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0), Scratch(plan, none, 0, none), nthr), -1
+    rope = rope_rows(dims, 0, none)
+    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0), Scratch(plan, none, 0, none, rope), nthr), -1
 
 
 @kernel
@@ -410,9 +353,10 @@ def block_serial(H3, Wf, out3, cfg, nthr):
     nothing = borrowed(none)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
     Wf = as_weights(Wf)
+    rope = rope_rows(dims, 0, none)
     one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0),
-                     Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size)), nthr)
-    keep_alive(H, Wf, none, plan, out3)
+                     Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size), borrowed(rope)), nthr)
+    keep_alive(H, Wf, none, plan, out3, rope)
     return -1
 
 
@@ -450,6 +394,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
                                                                  max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers
+    rope = rope_rows(dims, max(past, 0), work)     # every block's: one config, the same tokens
     for blk in range(nblocks):
         if layers.shape[0] > 0:
             W = weights_at(Wf, layers, blk)
@@ -459,7 +404,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
             W, Kb, Vb = borrow(Wf), borrowed(K), borrowed(V)
         if not all_finite_flat(H):         # as in block_parallel
             break
-        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0]), nthr)
+        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0], rope), nthr)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input

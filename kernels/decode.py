@@ -2,9 +2,10 @@
 
 One new token per sequence goes through
 
-    h_0    = E[id] + P[past]                      its embedding at the next position
+    h_0    = E[id] (+ P[past])                    its embedding [at the next position]
     h_l    = Block_l(h_{l-1}; cache_l), l = 1..n  the stack, each block over its KV cache
     logits = LN_f(h_n) @ E^T                      the tied vocabulary head, one row a sequence
+                                                  (LN_f LayerNorm or RMSNorm: lm_head)
 
 in one crossing from Python into compiled code.  A step streams every weight once and
 leaves the host's caches cold for the Python around it, so each Python step a decode loop
@@ -34,10 +35,11 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
                        caller's: the keys and values written past them are unused)
 
     embed = (ids, E, P, H): the tokens, the token and position embeddings E (vocab, d),
-    or E's stored rows (the head's Ep), and P (positions, d), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
+    or E's stored rows (the head's Ep), and P (positions, d; (0, d): no learned positions,
+    the blocks' rotary ones), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
     kernels.block's cached builds take them for T = 1 (cache[2] is past; its table holds
     every block's weights and caches).  head = (ln_f, eps_f, Ep, vocab): ln_f = [gamma |
-    beta] (2d), Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
+    beta] (2d), or gamma (d) for RMSNorm, Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
     which build of each runs (the caller decides as it would for the two calls; a serial
     one is sized for one thread, as there); nthr: the threads of the parallel ones."""
     ids, E, P, H = embed
@@ -51,8 +53,9 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     h = H.reshape(H.size)
     for b in range(B):
         embed_row(E, ids[b], d, h, b * d)
-        for j in range(d):
-            h[b * d + j] += P[past, j]
+        if P.shape[0] > 0:
+            for j in range(d):
+                h[b * d + j] += P[past, j]
     if parallel[0]:
         out3, bad = cached_parallel(H, Wf, cfg, cache, nthr)
     else:

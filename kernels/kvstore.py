@@ -191,9 +191,9 @@ def _round_into(src, off, n, dst, d_off, step):
 
 @kernel(standalone=True, internal=True)
 def stored_rows_task(qkv, dims, t, cache):
-    """cache_rows_task for a stored cache: the keys and values of the T new rows of head
-    h = t % n_heads of sequence b = t // n_heads, from (B*T, 3d) rows [Q | K | V], rounded
-    into the cache at tokens past..past+T-1 (int8: each row's scale beside it)."""
+    """cache_rows_task for a stored cache: the keys and values of the T new rows of K/V
+    head h = t % kv_heads of sequence b = t // kv_heads, from (B*T, 3d) rows [Q | K | V],
+    rounded into the cache at tokens past..past+T-1 (int8: each row's scale beside it)."""
     Kc, Vc, past, max_T = cache
     T, d = dims.T, dims.d
     NR = panel_lanes(qkv)
@@ -201,8 +201,8 @@ def stored_rows_task(qkv, dims, t, cache):
     dk = d // dims.n_heads
     kst = (dk + extra) * NR                 # a K^T panel, its scales included
     ldv = up16(dk) + extra
-    b = t // dims.n_heads
-    h = t % dims.n_heads
+    b = t // dims.kv_heads
+    h = t % dims.kv_heads
     for i in range(T):
         src = (b * T + i) * (3 * d) + h * dk
         p = past + i
@@ -227,7 +227,7 @@ def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     extra = scale_bytes(cache.K)
     ldv = up16(dk) + extra
     b, h, q0, q1 = query_tile(t, T, n_heads)
-    bh = b * n_heads + h
+    bh = b * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
     m = q1 - q0
     keys = past + T
     bk = min(BK, panels(keys, NR) * NR)

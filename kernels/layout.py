@@ -5,7 +5,9 @@
     v_stride     row stride of one head's packed V (d_k rounded up to NR)
     packed_len   elements of a packed (K, N) weight in the flat weight buffer
     bias_len     elements of a projection's bias there (whole panels)
-    weight_layout  offsets of every weight in that buffer
+    weight_layout  offsets of every weight in that buffer (block_layout: for a Dims)
+    ffn_cols     columns of the FFN's first matrix: d_ff, or the gated FFN's [gate | up]
+    qkv_parts    where W_q, W_k, W_v and their biases start (K and V of d_kv columns)
     rows_per_task, stage_grid, task_tile   how a stage of the block splits into tasks
     take, take_f64   scratch from a caller's work buffer (a KVCache's), or new arrays
 """
@@ -65,30 +67,65 @@ def bias_len(n, NR):
 
 
 @kernel(inline="always")
-def weight_layout(d, dff, NR):
+def weight_layout(d, dkv, n1, dff, NR):
     """Offsets in the flat weight buffer: b1, b2, gamma1, beta1, gamma2, beta2, the
     attention biases b_q, b_k, b_v (one after another from o_bqkv, each zero-padded to
     whole panels: the GEMM loads a panel's bias as one row) and b_o (padded likewise), then
-    packed W_q, W_k, W_v (one after another from o_qkv, each packed_len(d, d, NR) long, so
-    that no panel mixes two of them), W_o, W_1, W_2; each part starts on a 64-byte
-    boundary.  The vectors come first: weights stored in another format (kernels.wgemm)
-    keep only them in a float buffer, the o_qkv elements before the matrices."""
+    packed W_q, W_k, W_v (one after another from o_qkv: qkv_parts; no panel mixes two of
+    them), W_o, W_1, W_2; each part starts on a 64-byte boundary.  K and V have dkv
+    columns (d_kv: d_model without grouped-query attention); W_1 and b1 have n1 columns
+    (ffn_cols: d_ff, or the gated FFN's [gate | up] panels).  The vectors come first:
+    weights stored in another format (kernels.wgemm) keep only them in a float buffer, the
+    o_qkv elements before the matrices."""
     def up(x):
         return (x + 15) // 16 * 16
     o_b1 = 0
-    o_b2 = o_b1 + up(dff)
+    o_b2 = o_b1 + up(n1)
     o_g1 = o_b2 + up(d)
     o_be1 = o_g1 + up(d)
     o_g2 = o_be1 + up(d)
     o_be2 = o_g2 + up(d)
     o_bqkv = o_be2 + up(d)
-    o_bo = o_bqkv + 3 * bias_len(d, NR)
+    o_bo = o_bqkv + bias_len(d, NR) + 2 * bias_len(dkv, NR)
     o_qkv = o_bo + bias_len(d, NR)
-    o_o = o_qkv + 3 * packed_len(d, d, NR)
+    o_o = o_qkv + packed_len(d, d, NR) + 2 * packed_len(d, dkv, NR)
     o_1 = o_o + packed_len(d, d, NR)
-    o_2 = o_1 + packed_len(d, dff, NR)
+    o_2 = o_1 + packed_len(d, n1, NR)
     total = o_2 + packed_len(dff, d, NR)
     return o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo, total
+
+
+@kernel
+def ffn_cols(dff, gated, NR):
+    """Columns of the FFN's first packed matrix: d_ff, or for the gated FFN its [gate | up]
+    panels, gate panel p then up panel p (each NR columns, zero past d_ff), so that one
+    GEMM over panels 2p, 2p + 1 makes both halves of hidden panel p in one pass."""
+    return 2 * panels(dff, NR) * NR if gated else dff
+
+
+@kernel(inline="always")
+def block_layout(dims, NR):
+    """weight_layout of the block a Dims describes."""
+    return weight_layout(dims.d, dims.kv_heads * (dims.d // dims.n_heads), ffn_cols(dims.dff, dims.gated, NR),
+                         dims.dff, NR)
+
+
+@kernel(inline="always")
+def qkv_parts(d, dkv, NR, o_qkv, o_bqkv):
+    """((W_q, W_k, W_v offsets), (b_q, b_k, b_v offsets)) in the flat weight buffer,
+    weight_layout's o_qkv and o_bqkv given."""
+    wk = o_qkv + packed_len(d, d, NR)
+    bk = o_bqkv + bias_len(d, NR)
+    return (o_qkv, wk, wk + packed_len(d, dkv, NR)), (o_bqkv, bk, bk + bias_len(dkv, NR))
+
+
+@kernel(inline="always")
+def norm_offsets(layout, i, rms):
+    """(gamma, beta) offsets of norm i (1 or 2) in weight_layout ``layout``; beta -1 for
+    RMSNorm (layernorm.layernorm_rows then takes no mean and adds no beta)."""
+    g = layout[6] if i == 1 else layout[8]
+    b = layout[7] if i == 1 else layout[9]
+    return g, (-1 if rms else b)
 
 
 @kernel(internal=True)

@@ -50,13 +50,13 @@ def pack_head(E: np.ndarray, dtype) -> np.ndarray:
 
 def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     """The body of head_serial and head_parallel: out[0:rows, 0:vocab] = LN_f(X) @ E^T.  X: the flat (rows, d) stream; P = [gamma | beta]
-    of LN_f (2d); Ep: pack_head's panels, or E's stored rows (qgemv.stored_view); out: the flat (rows, vocab) logits.  in_place:
+    of LN_f (2d), or gamma alone (d) for an RMSNorm LN_f; Ep: pack_head's panels, or E's stored rows (qgemv.stored_view); out: the flat (rows, vocab) logits.  in_place:
     LN_f(X) is written over X (scratch of the caller's: a decode step then allocates
     nothing), else into a new buffer.  nthr: the threads the tasks are sized for (an
     argument: get_num_threads in here is uncacheable)."""
     xn = X if in_place else np.empty(rows * d, dtype=X.dtype)
     for t in prange(nthr):
-        layernorm_piece(X, xn, t, nthr, rows, d, P, 0, d, eps)
+        layernorm_piece(X, xn, t, nthr, rows, d, P, 0, d if P.size > d else -1, eps)   # -1: RMSNorm
     W = as_head(Ep, xn)                 # float panels, or stored rows (wgemm)
     NR = panel_lanes(floats(W))
     npn = panels(vocab, NR)

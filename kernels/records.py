@@ -41,15 +41,21 @@ A block's weights (wgemm): the flat float array of weight_layout, or
 
 A block call (stages, block):
 
-    Dims(T, d, n_heads, dff, causal, pre_ln, act, eps)   the block's config and the
-                             call's sequence length T
+    Dims(T, d, n_heads, dff, causal, pre_ln, act, eps, kv_heads, rms, gated,
+         rope_theta, rope_scale)   the block's config and the call's sequence length T:
+                             kv_heads K/V heads (query head h reads K/V head h // group),
+                             rms RMSNorm for LayerNorm, gated the gated FFN ([gate | up]
+                             panels, layout.ffn_cols), rope_theta > 0 rotary positions
+                             (0: none) with positions divided by rope_scale
     Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
     Cache(K, V, past, max_T) the keys and values attention reads: packed K^T and V for
                              max_T tokens a head, past of them there before this call;
                              their dtype says the cache's format (float: fp32; uint16:
                              bf16; int8: int8, its scales beside: kernels.kvstore)
-    Scratch(plan, work, slot, dest)   the stage plan, a work buffer (or empty), which of
-                             its two output buffers to use, the output's place (or empty)
+    Scratch(plan, work, slot, dest, rope)   the stage plan, a work buffer (or empty), which
+                             of its two output buffers to use, the output's place (or
+                             empty), the rotary table of the call's rows (rotary.rope_table;
+                             empty without rotary positions)
     Attend(...), Output(...) the buffers of the block's two halves (below)
 """
 
@@ -67,17 +73,19 @@ Att = namedtuple("Att", "q0 q1 keys dk causal scale bk")
 KV = namedtuple("KV", "kt v ldv")
 FlashWork = namedtuple("FlashWork", "Qt S O mrow lrow")
 
-Dims = namedtuple("Dims", "T d n_heads dff causal pre_ln act eps")
+Dims = namedtuple("Dims", "T d n_heads dff causal pre_ln act eps kv_heads rms gated rope_theta rope_scale")
 Grid = namedtuple("Grid", "nthr mc groups")
 Cache = namedtuple("Cache", "K V past max_T")
-Scratch = namedtuple("Scratch", "plan work slot dest")
+Scratch = namedtuple("Scratch", "plan work slot dest rope")
 
 # The attention half (stages 1-2): X, the projection's input (H, or LN1 of it); ln, whether
 # each projection task computes LN1 of its rows itself; q, Q rows of stride ldq (with K and
 # V beside them when not packed); kt, vp, K^T and V packed per head when packed; srow,
-# float64 scratch of the untiled attention; work, w_pos, the attention tasks' tiles.
-Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos")
+# float64 scratch of the untiled attention; work, w_pos, the attention tasks' tiles; rope, the
+# rotary table (Scratch's).
+Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos rope")
 # The output half (stages 3-4): q (ldq), the heads' outputs; out, the block's output; xn,
 # the FFN's input and hid (ldh) its hidden layer when the FFN is split by columns; mf, rows
-# per FFN task when it is not.
-Output = namedtuple("Output", "q ldq out xn hid ldh mf")
+# per FFN task when it is not; gu, the gated FFN's [gate | up] panels of the split stages
+# (rows, ffn_cols), empty otherwise.
+Output = namedtuple("Output", "q ldq out xn hid ldh mf gu")

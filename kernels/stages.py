@@ -1,24 +1,27 @@
 """The tasks of the block's stages: each computes one piece of one stage (a row block and
-a group of column panels of a projection, a query tile of one head, a column panel of
-the FFN, a slice of rows of a LayerNorm) with the serial kernels of this package, into
-buffers it shares with the other tasks of its stage.  ``block`` runs them in order, in
-parallel within a stage; ``layout`` holds their tile and stride arithmetic.
+a group of column panels of a projection, a query tile of one head, a slice of rows of a
+LayerNorm) with the serial kernels of this package, into buffers it shares with the other
+tasks of its stage.  ``block`` runs them in order, in parallel within a stage; ``layout``
+holds their tile and stride arithmetic; the FFN's tasks are ``ffn``'s.
+
+Grouped-query attention: K and V have kv_heads heads of d_k (d_kv columns); query head h
+of sequence b reads K/V head (b, h // group), group = n_heads // kv_heads, and packed or
+cached keys and values are kept per (sequence, K/V head), numbered b * kv_heads + g.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .activations import bias_act_rows
 from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
 from .layernorm import layernorm_rows
-from .layout import (bias_len, ceil_div, kt_len, packed_len, panels, row_piece, take, take_f64, up16, v_stride,
-                     weight_layout)
+from .layout import (block_layout, ceil_div, kt_len, norm_offsets, panels, qkv_parts, row_piece, take, take_f64,
+                     up16, v_stride)
 from .options import borrowed, keep_alive, kernel
 from .records import KV, Att, FlashWork, Panels, Rows, Tile
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
-from .tiles import BK, BQ, FF_CHUNK, QSUB
-from .wgemm import floats, wgemm_block, wgemm_panels
+from .tiles import BK, BQ, QSUB
+from .wgemm import floats, wgemm_block
 
 
 @kernel(readonly=("X", "P"), internal=True)
@@ -33,79 +36,11 @@ def copy_add(X, x_off, Y, y_off, n, P, p_off, add):
         vstore_n(Y, y_off + j, v, n - j)
 
 
-@kernel(readonly=("X", "Wf"), standalone=True)
-def ffn_tile(X, x_off, m, d, dff, Wf, act, out, out_off, residual):
-    """The feed-forward of m rows: out[r] = [out[r] +] b2 + act(X[r] W_1 + b1) W_2, with
-    X[r, c] = X.flat[x_off + r*d + c], out likewise at out_off; X must not overlap out
-    (out is written before X is read for the last chunk).
-
-    The hidden layer is made FF_CHUNK columns at a time: up-projection of the chunk,
-    bias + activation, then its band of W_2 rows accumulated onto out.  The (m, FF_CHUNK)
-    hidden chunk is the only place the hidden layer exists, and it stays in L2 while the
-    down-projection reads it once per output panel (a whole (MF, d_ff) hidden tile spills
-    to L3 and is read back from there once per panel).  The summation order over d_ff is
-    the same as one GEMM's (k blocks of KC, ascending), so the result does not change."""
-    NR = panel_lanes(floats(Wf))
-    o_1, o_2, o_b1, o_b2 = weight_layout(d, dff, NR)[2:6]
-    ch = min(FF_CHUNK, panels(dff, NR) * NR)
-    # rows one cache line longer than the chunk: rows a multiple of 4 KiB apart would all
-    # fall in the same L1 sets, where the micro-kernel's six A rows evict each other
-    ldh = ch + 64 // X.itemsize
-    own = np.empty(m * ldh, dtype=X.dtype)
-    hid = borrowed(own)         # scratch through a view that counts no references
-    for r in range(m):
-        if residual:
-            copy_add(out, out_off + r * d, out, out_off + r * d, d, floats(Wf), o_b2, True)
-        else:
-            copy_add(floats(Wf), o_b2, out, out_off + r * d, d, floats(Wf), 0, False)
-    for c0 in range(0, dff, ch):
-        cw = min(ch, dff - c0)
-        # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-        wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
-                   Tile(0, m, c0 // NR, panels(c0 + cw, NR)), False, -1)
-        bias_act_rows(hid, 0, ldh, m, cw, floats(Wf), o_b1 + c0, act)
-        # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
-        wgemm_panels(hid, Rows(0, ldh), Wf, Panels(o_2 + c0 * NR, dff * NR, cw, d), out, Rows(out_off, d),
-                    Tile(0, m, 0, panels(d, NR)), True, -1)
-    keep_alive(own)
-
-
 @kernel(readonly=("X", "P"), standalone=True, internal=True)
 def layernorm_piece(X, Y, t, pieces, rows, d, P, g_off, b_off, eps):
     """Piece t of ``pieces`` equal row ranges of a LayerNorm over (rows, d): Y = LN(X)."""
     r0, r1 = row_piece(t, pieces, rows)
     layernorm_rows(X, Rows(r0 * d, d), Y, Rows(r0 * d, d), r1 - r0, d, P, g_off, b_off, eps)
-
-
-@kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_up_task(Wf, dims, rows, bufs, p):
-    """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
-    act(xn @ W_1[:, panel p] + b1), xn (rows, d), hid of row stride ldh (bufs: Output)."""
-    NR = panel_lanes(floats(Wf))
-    d, dff = dims.d, dims.dff
-    layout = weight_layout(d, dff, NR)
-    o_1, o_b1 = layout[2], layout[4]
-    wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
-               Tile(0, rows, p, p + 1), False, -1)
-    c0 = p * NR
-    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, floats(Wf), o_b1 + c0, dims.act)
-
-
-@kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_down_task(Wf, dims, rows, bufs, p):
-    """Column panel p of the FFN's output added onto the residual in out, for all rows:
-    out[:, panel p] += b2 + hid @ W_2[:, panel p] (bufs: Output).  The same sums, in the
-    same order (b2 first, then k blocks of KC), as ffn_tile's chunks."""
-    NR = panel_lanes(floats(Wf))
-    d, dff, out = dims.d, dims.dff, bufs.out
-    layout = weight_layout(d, dff, NR)
-    o_2, o_b2 = layout[3], layout[5]
-    c0 = p * NR
-    n = min(d, c0 + NR) - c0
-    for r in range(rows):
-        copy_add(out, r * d + c0, out, r * d + c0, n, floats(Wf), o_b2 + c0, True)
-    wgemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
-               Tile(0, rows, p, p + 1), True, -1)
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
@@ -114,7 +49,7 @@ def out_proj_task(H, Wf, dims, tile, bufs):
     Output; the residual is the GEMM's initial C)."""
     NR = panel_lanes(floats(Wf))
     d = dims.d
-    layout = weight_layout(d, dims.dff, NR)
+    layout = block_layout(dims, NR)
     o_o, o_bo = layout[1], layout[11]
     c0 = tile.p0 * NR
     c1 = min(d, tile.p1 * NR)
@@ -123,57 +58,22 @@ def out_proj_task(H, Wf, dims, tile, bufs):
     wgemm_block(bufs.q, Rows(0, bufs.ldq), Wf, Panels(o_o, d * NR, d, d), bufs.out, Rows(0, d), tile, True, o_bo)
 
 
-@kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_input_task(Wf, dims, t, pieces, rows, bufs):
-    """Piece t of the FFN's input when its stages are split by columns: xn = LN(out) for
-    the piece's rows (LN2 of H_mid Pre-LN, LN1 of H + A_out Post-LN); Post-LN also puts
-    that H_mid = LN1(H + A_out) back into out, the FFN's residual (bufs: Output)."""
-    d = dims.d
-    layout = weight_layout(d, dims.dff, panel_lanes(floats(Wf)))
-    o_g, o_be = (layout[8], layout[9]) if dims.pre_ln else (layout[6], layout[7])
-    layernorm_piece(bufs.out, bufs.xn, t, pieces, rows, d, floats(Wf), o_g, o_be, dims.eps)
-    if not dims.pre_ln:
-        r0, r1 = row_piece(t, pieces, rows)
-        copy_add(bufs.xn, r0 * d, bufs.out, r0 * d, (r1 - r0) * d, floats(Wf), 0, False)
-
-
-@kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_rows_task(Wf, dims, out, r0, r1):
-    """Stage 4 for rows r0..r1, the residual and LayerNorms fused: out holds H_mid (Pre-LN)
-    or H + A_out (Post-LN) and gets the block's output."""
-    m = r1 - r0
-    d, dff, pre_ln, eps = dims.d, dims.dff, dims.pre_ln, dims.eps
-    NR = panel_lanes(floats(Wf))
-    o_g1, o_be1, o_g2, o_be2 = weight_layout(d, dff, NR)[6:10]
-    # the FFN reads LN2(H_mid) (Pre-LN) or H_mid = LN1(H + A_out) (Post-LN), from xn: ffn_tile
-    # writes out while it still reads its input
-    o_g, o_be = (o_g2, o_be2) if pre_ln else (o_g1, o_be1)
-    own = np.empty(m * d, dtype=out.dtype)
-    xn = borrowed(own)
-    layernorm_rows(out, Rows(r0 * d, d), xn, Rows(0, d), m, d, floats(Wf), o_g, o_be, eps)
-    if not pre_ln:
-        copy_add(xn, 0, out, r0 * d, m * d, floats(Wf), 0, False)      # H_mid is also the residual
-    ffn_tile(xn, 0, m, d, dff, Wf, dims.act, out, r0 * d, True)
-    if not pre_ln:
-        layernorm_rows(out, Rows(r0 * d, d), out, Rows(r0 * d, d), m, d, floats(Wf), o_g2, o_be2, eps)
-    keep_alive(own)
-
-
 @kernel(internal=True)
-def attention_buffers(like, nseq, T, d, n_heads):
+def attention_buffers(like, nseq, T, dk, heads):
     """Room for the packed K^T (pack_kt's panels) and V (rows of ldv, zero past d_k) of
-    every (sequence, head), in the dtype of ``like``; see attention_task."""
+    every (sequence, K/V head), ``heads`` K/V heads of dk a sequence, in the dtype of
+    ``like``; see attention_task."""
     NR = panel_lanes(like)
-    dk = d // n_heads
     ktn = kt_len(T, dk, NR)
     ldv = v_stride(dk, NR)
-    nbh = nseq * n_heads
+    nbh = nseq * heads
     return np.empty(nbh * ktn, dtype=like.dtype), np.empty(nbh * T * ldv, dtype=like.dtype)
 
 
 @kernel
 def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
-    """Columns c0..c1 of the K rows r0..r1 (tokens of all sequences; K[r, c] is
+    """Columns c0..c1 (of n_heads heads of dk: the K/V heads) of the K rows r0..r1
+    (tokens of all sequences; K[r, c] is
     S.flat[(r - r0) * lds + c - c0]) into the K^T panels of their heads
     (pack_kt's layout); the row that ends a sequence also zeroes the keys past T of its
     last panel.  Stores run along the keys, contiguous within a panel."""
@@ -228,30 +128,32 @@ def store_v(S, lds, r0, r1, c0, c1, T, n_heads, dk, Vp):
 @kernel(readonly=("Wf",), standalone=True, internal=True)
 def qkv_task(Wf, dims, tile, bufs):
     """Task of stage 1: [LN1 of] the tile's rows of X times its panels of [W_q W_k W_v],
-    plus [b_q b_k b_v] (panel j*npd + p is panel p of matrix j, npd = ceil(d / NR));
-    bufs: Attend (X, and LN1 here when bufs.ln).
+    plus [b_q b_k b_v] (the stage's panels: W_q's npq = ceil(d / NR), then W_k's and
+    W_v's npk = ceil(d_kv / NR) each); bufs: Attend (X, and LN1 here when bufs.ln).
 
     With ``packed``, Q goes to q (row stride ldq = d) and K and V straight into the
     layouts attention reads (K^T panels in kt, per-head rows in vp), through a scratch
     of the task's rows and panels, still in L2: the (rows, 3d) projection buffer and a
     separate pass that packed K and V out of it are never needed (at long T they were
-    most of the peak memory).  Without it (tiny sequences, attention_direct_task), Q, K
-    and V are columns 0, d and 2d of q, row stride ldq = 3d."""
+    most of the peak memory).  Without it (tiny sequences, attention_direct_task, cached
+    calls), Q, K and V are columns 0, d and 2d of q, row stride ldq = 3d (K and V d_kv
+    wide)."""
     NR = panel_lanes(floats(Wf))
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     r0, r1, p0, p1 = tile
     H, q, ldq, packed = bufs.X, bufs.q, bufs.ldq, bufs.packed
-    layout = weight_layout(d, dims.dff, NR)
-    o_qkv, o_g1, o_be1, o_bqkv = layout[0], layout[6], layout[7], layout[10]
-    npd = panels(d, NR)
-    wsz = packed_len(d, d, NR)                  # W_q, W_k and W_v follow each other
-    bsz = bias_len(d, NR)                       # and so do their biases
-    m = r1 - r0
+    layout = block_layout(dims, NR)
+    o_g1, o_be1 = norm_offsets(layout, 1, dims.rms)
     dk = d // n_heads
+    dkv = dims.kv_heads * dk
+    mats, biases = qkv_parts(d, dkv, NR, layout[0], layout[10])
+    npq = panels(d, NR)
+    npk = panels(dkv, NR)
+    m = r1 - r0
     # scratch (LN1's rows; S, for the K or the V panels, the wider) through views that
     # count no references (options.borrowed); none unused (a decode step allocates nothing)
     own_a = np.empty(m * d, dtype=H.dtype) if bufs.ln else q[:0]
-    ns = max(min(p1, 2 * npd) - max(p0, npd), min(p1, 3 * npd) - max(p0, 2 * npd), 0) if packed else 0
+    ns = max(min(p1, npq + npk) - max(p0, npq), min(p1, npq + 2 * npk) - max(p0, npq + npk), 0) if packed else 0
     own_s = np.empty(m * ns * NR, dtype=H.dtype) if ns > 0 else q[:0]
     S = borrowed(own_s)
     if bufs.ln:
@@ -262,35 +164,37 @@ def qkv_task(Wf, dims, tile, bufs):
         A = H
         a_off = r0 * d
     for j in range(3):
-        a = max(p0, j * npd) - j * npd
-        b = min(p1, (j + 1) * npd) - j * npd
+        first = 0 if j == 0 else npq + (j - 1) * npk      # matrix j's first panel in the stage
+        n = d if j == 0 else dkv
+        a = max(p0, first) - first
+        b = min(p1, first + panels(n, NR)) - first
         if a >= b:
             continue
-        W = Panels(o_qkv + j * wsz, d * NR, d, d)
+        W = Panels(mats[j], d * NR, d, n)
         if j == 0 or not packed:
             wgemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
-                       False, o_bqkv + j * bsz)
+                        False, biases[j])
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        wgemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, o_bqkv + j * bsz)
+        wgemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, biases[j])
         if j == 1:
-            store_kt(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, bufs.kt)
+            store_kt(S, lds, r0, r1, a * NR, min(dkv, b * NR), T, dims.kv_heads, dk, bufs.kt)
         else:
-            store_v(S, lds, r0, r1, a * NR, min(d, b * NR), T, n_heads, dk, bufs.vp)
+            store_v(S, lds, r0, r1, a * NR, min(dkv, b * NR), T, dims.kv_heads, dk, bufs.vp)
     keep_alive(own_a, own_s)
 
 
 @kernel(standalone=True, internal=True)
-def pack_head(qkv, T, d, n_heads, t, kt, vp):
-    """Task t = b*n_heads + h of attention_core's packing stage: K^T panels and
-    contiguous V of head h of sequence b, from (B*T, 3d) projection rows [Q | K | V]."""
+def pack_head(qkv, T, d, dk, heads, t, kt, vp):
+    """Task t = b*heads + h of attention_core's packing stage: K^T panels and contiguous V
+    of K/V head h (of ``heads``, dk wide) of sequence b, from (B*T, 3d) projection rows
+    [Q | K | V]."""
     NR = panel_lanes(kt)
-    dk = d // n_heads
     ld = 3 * d
     ktn = kt_len(T, dk, NR)
     ldv = v_stride(dk, NR)
-    b = t // n_heads
-    h = t % n_heads
+    b = t // heads
+    h = t % heads
     pack_kt(qkv, b * T * ld + d + h * dk, ld, T, dk, kt, t * ktn)
     pack_rows(qkv, b * T * ld + 2 * d + h * dk, ld, T, dk, vp, t * T * ldv, ldv)
 
@@ -334,7 +238,7 @@ def attention_task(q, ldq, dims, t, kv, work, w_pos):
     ktn = kt_len(max_T, dk, NR)
     ldv = v_stride(dk, NR)
     b, h, q0, q1 = query_tile(t, T, n_heads)
-    bh = b * n_heads + h
+    bh = b * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
     # scratch sized to this tile (a short sequence needs far less than BQ x BK)
     m = q1 - q0
     keys = past + T
@@ -356,21 +260,23 @@ def attention_direct_task(qkv, dims, t, srow):
     """Stage 2 for a tiny sequence (T*T*d_k <= DIRECT_MAX): head h = t % n_heads of
     sequence b = t // n_heads, output over its Q columns (attention_rows_direct
     computes each query's row completely before writing it, from its own Q).
-    qkv: (B*T, 3d) rows [Q | K | V].  srow: float64 scratch, T elements per task."""
+    qkv: (B*T, 3d) rows [Q | K | V] (K and V d_kv wide).  srow: float64 scratch, T
+    elements per task."""
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     dk = d // n_heads
     ld = 3 * d
     b = t // n_heads
     h = t % n_heads
     base = b * T * ld + h * dk
-    attention_rows_direct(qkv, ld, (base, base + d, base + 2 * d), Att(0, T, T, dk, dims.causal, 1.0 / np.sqrt(dk), 0),
+    kv = b * T * ld + h // (n_heads // dims.kv_heads) * dk         # the K/V head it reads
+    attention_rows_direct(qkv, ld, (base, kv + d, kv + 2 * d), Att(0, T, T, dk, dims.causal, 1.0 / np.sqrt(dk), 0),
                           srow[t * T:(t + 1) * T], qkv, Rows(base, ld))
 
 
 @kernel(standalone=True, internal=True)
 def cache_rows_task(qkv, dims, t, cache):
-    """Keys and values of the T new rows of head h = t % n_heads of sequence
-    b = t // n_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
+    """Keys and values of the T new rows of K/V head h = t % kv_heads of sequence
+    b = t // kv_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
     past..past+T-1: K^T panels (head after head, kt_len(max_T) apart) and V rows of
     v_stride (max_T rows a head), the layouts attention_task reads."""
     Kc, Vc, past, max_T = cache
@@ -380,8 +286,8 @@ def cache_rows_task(qkv, dims, t, cache):
     dk = d // dims.n_heads
     ld = 3 * d
     ldv = v_stride(dk, NR)
-    b = t // dims.n_heads
-    h = t % dims.n_heads
+    b = t // dims.kv_heads
+    h = t % dims.kv_heads
     kt = t * kt_len(max_T, dk, NR)
     for i in range(T):
         src = (b * T + i) * ld + h * dk
@@ -396,7 +302,7 @@ def cache_rows_task(qkv, dims, t, cache):
 
 @kernel(standalone=True, internal=True)
 def cache_packed_task(kt, vp, dims, t, cache):
-    """Task t's keys and values of a first chunk, packed by stage 1 (attention_buffers:
+    """Task t's (a (sequence, K/V head)'s) keys and values of a first chunk, packed by stage 1 (attention_buffers:
     the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
     contiguous copies."""
     Kc, Vc, _, max_T = cache

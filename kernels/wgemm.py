@@ -279,16 +279,16 @@ overload(wgemm_block)(_weights_gemm(gemm_block))
 overload(wgemm_panels)(_weights_gemm(gemm_panels))
 
 
-def stored_map(d: int, dff: int, NR: int, fmt: str, layout, dot: str = "fp32") -> np.ndarray:
-    """Stored's map for a block of d_model d and d_ff dff stored as ``fmt``: the float
-    offsets of W_q, W_k, W_v, W_o, W_1, W_2 (layout: weight_layout's offsets), then each
-    one's first element in the stored array (in the order the backend concatenates them:
-    stored rows, or with dot "bf16" bgemm's pair panels)."""
-    from .layout import packed_len
+def stored_map(d: int, dkv: int, n1: int, dff: int, NR: int, fmt: str, layout, dot: str = "fp32") -> np.ndarray:
+    """Stored's map for a block of d_model d, K/V columns dkv, d_ff dff and an FFN first
+    matrix of n1 columns (layout.ffn_cols) stored as ``fmt``: the float offsets of W_q,
+    W_k, W_v, W_o, W_1, W_2 (layout: weight_layout's offsets), then each one's first
+    element in the stored array (in the order the backend concatenates them: stored rows,
+    or with dot "bf16" bgemm's pair panels)."""
+    from .layout import qkv_parts
     o_qkv, o_o, o_1, o_2 = layout[:4]
-    step = packed_len(d, d, NR)
-    moff = [o_qkv, o_qkv + step, o_qkv + 2 * step, o_o, o_1, o_2]
-    shapes = [(d, d)] * 4 + [(d, dff), (dff, d)]
+    moff = list(qkv_parts(d, dkv, NR, o_qkv, layout[10])[0]) + [o_o, o_1, o_2]
+    shapes = [(d, d), (d, dkv), (d, dkv), (d, d), (d, n1), (dff, d)]
     qoff, pos = [], 0
     for d_in, d_out in shapes:
         qoff.append(pos)

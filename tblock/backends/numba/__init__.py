@@ -28,12 +28,13 @@ from .warmup import warmup
 CHECKS_FINITE = True
 
 
-def prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head):
-    """A model's decode step for these caches (cached.DecodeStep; head: prepare_head(E)), or
-    None where one compiled step cannot serve them (caches of several sizes)."""
+def prepare_decode(blocks, cfg, caches, E, P, ln_f, eps, head, rms=False):
+    """A model's decode step for these caches (cached.DecodeStep; head: prepare_head(E); P
+    None without learned positions; rms: LN_f is RMSNorm), or None where one compiled step
+    cannot serve them (caches of several sizes)."""
     if len({c.max_T for c in caches}) != 1:
         return None
-    return DecodeStep(blocks, cfg, caches, E, P, ln_f, eps, head)
+    return DecodeStep(blocks, cfg, caches, E, P, ln_f, eps, head, rms)
 
 
 __all__ = ["CHECKS_FINITE", "DecodeStep", "components", "forward_batch", "forward_cached", "forward_stack_cached",

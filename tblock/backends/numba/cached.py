@@ -18,7 +18,7 @@ from ...config import BlockConfig
 from ...formats import QuantizedMatrix
 from ...kernels.block import PLAN_COLS, PLAN_ROWS, cached_parallel, cached_serial
 from ...kernels.decode import decode_step
-from .lm import head_is_large
+from .lm import head_is_large, head_norm
 from .packing import cached_flops, make_plan, packed_addresses, plan_of
 from .parallel import is_serial, parallel_call
 
@@ -94,15 +94,20 @@ class DecodeStep:
     memory is freed, and the step no longer matches any list.
 
     blocks: the stack's BlockWeights; caches: one KVCache each, one max_T; E (vocab, d),
-    P (positions, d): the embeddings; ln_f = [gamma | beta]; head: lm.prepare_head(E)."""
+    P (positions, d): the embeddings (P None: none, the blocks' rotary positions); ln_f =
+    [gamma | beta]; rms: LN_f is RMSNorm (gamma only); head: lm.prepare_head(E)."""
 
-    def __init__(self, blocks, cfg: BlockConfig, caches, E, P, ln_f, eps_f: float, head):
+    def __init__(self, blocks, cfg: BlockConfig, caches, E, P, ln_f, eps_f: float, head, rms: bool = False):
         c0 = caches[0]
         dtype, B, d = c0.dtype, c0.batch, cfg.d_model
         _, flat, scalars, self.per_row, self.per_key = make_plan(blocks[0], cfg, dtype)
         layers = layers_table(blocks, caches, dtype)
         self.blocks, self.batch, self.dtype = tuple(blocks), B, dtype
-        self.max_T = min(c0.max_T, P.shape[0])          # no position past P's rows
+        if P is None:
+            P = np.zeros((0, d), dtype=dtype)           # kernels.decode adds no position row
+            self.max_T = c0.max_T
+        else:
+            self.max_T = min(c0.max_T, P.shape[0])      # no position past P's rows
         self.caches = tuple(weakref.ref(c) for c in caches)
         self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
         self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
@@ -113,7 +118,7 @@ class DecodeStep:
         self._embed = (self.ids, head if stored else E, P, self.H)
         self._stack = (flat, scalars)
         self._cache = (c0.max_T, layers, np.empty((PLAN_ROWS, PLAN_COLS), np.intp))
-        self._head = (ln_f, eps_f, head, self.vocab)
+        self._head = (head_norm(ln_f, d, rms), eps_f, head, self.vocab)
 
     def __reduce__(self):
         raise TypeError("a DecodeStep holds addresses of this process's arrays: prepare a new one "

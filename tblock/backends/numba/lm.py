@@ -25,6 +25,12 @@ def prepare_head(E, dtype) -> np.ndarray:
     return pack_head(E, np.dtype(dtype))
 
 
+def head_norm(ln_f: np.ndarray, d: int, rms: bool) -> np.ndarray:
+    """LN_f's affine as kernels.lm_head takes it: [gamma | beta] (2d) for LayerNorm, gamma
+    alone (d: a view) for RMSNorm."""
+    return ln_f[:d] if rms else ln_f
+
+
 def head_is_large(rows: int, shape: tuple[int, int]) -> bool:
     """Whether the head over ``rows`` rows of an embedding of ``shape`` (vocab, d) has the
     FLOPs to run in parallel (as a block does below its own threshold)."""
@@ -32,10 +38,13 @@ def head_is_large(rows: int, shape: tuple[int, int]) -> bool:
     return 2 * rows * d * vocab >= PARALLEL_MIN_FLOPS
 
 
-def lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head, out: np.ndarray, scratch: bool = False):
+def lm_head(H: np.ndarray, ln_f: np.ndarray, eps: float, head, out: np.ndarray, scratch: bool = False,
+            rms: bool = False):
     """out (B, T, vocab) = LN_f(H) @ E^T for H (B, T, d); ln_f = [gamma | beta] (2d,); head:
-    prepare_head(E).  scratch: H is the caller's to overwrite (LN_f goes over it)."""
+    prepare_head(E).  scratch: H is the caller's to overwrite (LN_f goes over it).  rms:
+    LN_f is RMSNorm, X / sqrt(mean(X^2) + eps) * gamma (ln_f's beta half unused)."""
     B, T, d = H.shape
+    ln_f = head_norm(ln_f, d, rms)
     vocab = out.shape[-1]
     rows = B * T
     X = np.ascontiguousarray(H, dtype=out.dtype).reshape(rows * d)     # (B*T*d,) flat rows

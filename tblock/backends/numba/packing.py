@@ -1,8 +1,9 @@
 """The weights as the kernels read them, and what a call passes besides H.
 
 A block's weights go into one flat, 64-byte aligned buffer per dtype (kernels.layout's
-weight_layout: the matrices in the GEMM's packed panels, then biases and LayerNorm
-affines), built once and kept on the BlockWeights.  A *plan* adds the block's scalar
+weight_layout: the biases and norms' affines, then the matrices in the GEMM's packed
+panels, the gated FFN's W_gate and W_1 as one matrix of [gate | up] panel pairs), built
+once and kept on the BlockWeights.  A *plan* adds the block's scalar
 arguments and its FLOP terms, so a call sizes itself without touching the config.
 """
 
@@ -15,8 +16,8 @@ from ...counting import flops
 from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.bgemm import bf16_packed_size, pack_bf16_panels
 from ...kernels.gemm import pack_b, packed_size, panel_width
-from ...kernels.layout import bias_len, packed_len, weight_layout
-from ...kernels.qgemv import DOTS, stored_data
+from ...kernels.layout import ffn_cols, qkv_parts, weight_layout
+from ...kernels.qgemv import DOTS
 from ...kernels.wgemm import stored_map
 
 PACKED = "numba-packed"     # the key of the packed buffer in a BlockWeights' prepared_state
@@ -49,44 +50,83 @@ def packed_addresses(weights, dtype) -> tuple[int, int]:
     return weights.prepared((PACKED + "-address", np.dtype(dtype).char), build)
 
 
+def block_shape(weights) -> tuple[int, int, int, bool]:
+    """(d_model, d_kv, d_ff, gated) of the weights' matrices."""
+    d, dff = weights.w_ff1.shape
+    return d, weights.w_k.shape[1], dff, weights.w_gate is not None
+
+
+def layout_of(weights, NR: int) -> tuple:
+    """kernels.layout.weight_layout of these weights in panels of NR."""
+    d, dkv, dff, gated = block_shape(weights)
+    return weight_layout(d, dkv, ffn_cols(dff, gated, NR), dff, NR)
+
+
+def gate_up_pairs(gate: np.ndarray, up: np.ndarray, NR: int, axis: int = -1) -> np.ndarray:
+    """gate and up (d_ff entries along ``axis``) as one array of [gate | up] panel pairs
+    along it: gate's entries p*NR .. p*NR + NR - 1, then up's, zeros past d_ff (the gated
+    FFN's first matrix and bias: kernels.layout.ffn_cols)."""
+    g, u = np.moveaxis(gate, axis, 0), np.moveaxis(up, axis, 0)
+    dff, rest = g.shape[0], g.shape[1:]
+    npf = -(-dff // NR)
+    out = np.zeros((npf, 2, NR) + rest, dtype=g.dtype)
+    for j, a in enumerate((g, u)):
+        padded = np.zeros((npf * NR,) + rest, dtype=g.dtype)
+        padded[:dff] = a
+        out[:, j] = padded.reshape((npf, NR) + rest)
+    return np.moveaxis(out.reshape((2 * npf * NR,) + rest), 0, axis)
+
+
+def ffn_first(weights, dtype, NR: int) -> np.ndarray:
+    """The FFN's first matrix as the kernels multiply by it: W_1, or the gated FFN's
+    [W_gate | W_1] panel pairs (gate_up_pairs), in ``dtype``."""
+    if weights.w_gate is None:
+        return weights.matrix("w_ff1", dtype)
+    return gate_up_pairs(weights.matrix("w_gate", dtype), weights.matrix("w_ff1", dtype), NR, axis=1)
+
+
 def pack_stored(weights) -> tuple:
     """(f, q, map, dot) for weights whose matrices are stored (kernels.wgemm): f the float32
     vectors of weight_layout, q the six stored matrices one after another, as the
-    kernels read them (qgemv.stored_data), map their offsets (wgemm.stored_map), dot the
-    marker of how products are computed (qgemv.DOTS).  With dot "bf16", q holds the
-    matrices as bgemm's pair panels (uint32) instead of their stored rows."""
-    d, dff = weights.w_ff1.shape
+    kernels read them (qgemv.stored_data; the gated FFN's W_gate and W_1 as one matrix of
+    [gate | up] panel pairs of stored rows, zero rows past d_ff), map their offsets
+    (wgemm.stored_map), dot the marker of how products are computed (qgemv.DOTS).  With
+    dot "bf16", q holds the matrices as bgemm's pair panels (uint32) instead of their
+    stored rows."""
+    d, dkv, dff, gated = block_shape(weights)
     NR = panel_width(np.float32)
-    layout = weight_layout(d, dff, NR)
+    layout = layout_of(weights, NR)
     f = aligned_empty(layout[0], np.float32)
     pack_vectors(weights, np.float32, f, layout)
     f.flags.writeable = False
-    names = ("w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2")
+    rows = [weights.w_q.data, weights.w_k.data, weights.w_v.data, weights.w_o.data]
+    first = weights.w_ff1.data if not gated else gate_up_pairs(weights.w_gate.data, weights.w_ff1.data, NR, axis=0)
+    rows += [first, weights.w_ff2.data]
     dot = getattr(weights, "dot", "fp32")
-    q = bf16_panels(weights, names) if dot == "bf16" else stored_rows(weights, names)
+    q = bf16_panels(rows) if dot == "bf16" else stored_rows(rows, weights.format)
     q.flags.writeable = False
-    m = stored_map(d, dff, NR, weights.format, layout, dot)
+    m = stored_map(d, dkv, ffn_cols(dff, gated, NR), dff, NR, weights.format, layout, dot)
     m.flags.writeable = False
     return f, q, m, DOTS[dot]
 
 
-def stored_rows(weights, names) -> np.ndarray:
-    """The matrices ``names`` as they are stored (qgemv.stored_data), one after another."""
-    views = [stored_data(getattr(weights, n)) for n in names]
+def stored_rows(rows, fmt: str) -> np.ndarray:
+    """The stored matrices' rows (each QuantizedMatrix.data-like, (d_out, row)) one after
+    another, flat, as qgemv.stored_data gives each (int8 as int8)."""
+    views = [r.reshape(-1) for r in rows]
     q = aligned_empty(sum(v.size for v in views), views[0].dtype)
     q[:] = np.concatenate(views)
-    return q
+    return q.view(np.int8) if fmt == "int8" else q
 
 
-def bf16_panels(weights, names) -> np.ndarray:
-    """The bf16 matrices ``names`` as bgemm's pair panels (pack_bf16_panels), one after
-    another, each bf16_packed_size(d_in, d_out) uint32."""
-    mats = [getattr(weights, n) for n in names]
-    sizes = [bf16_packed_size(*m.shape) for m in mats]
+def bf16_panels(rows) -> np.ndarray:
+    """The bf16 matrices (stored rows, uint16 (d_out, d_in) each) as bgemm's pair panels
+    (pack_bf16_panels), one after another, each bf16_packed_size(d_in, d_out) uint32."""
+    sizes = [bf16_packed_size(r.shape[1], r.shape[0]) for r in rows]
     q = aligned_empty(sum(sizes), np.uint32)
     pos = 0
-    for m, n in zip(mats, sizes):
-        pack_bf16_panels(m.data, q[pos:pos + n])
+    for r, n in zip(rows, sizes):
+        pack_bf16_panels(r, q[pos:pos + n])
         pos += n
     return q
 
@@ -94,45 +134,54 @@ def bf16_panels(weights, names) -> np.ndarray:
 def pack_weights(weights, dtype) -> np.ndarray:
     """All weights of the block in one flat array of ``dtype`` (see weight_layout)."""
     dtype = np.dtype(dtype)
-    d, dff = weights.w_ff1.shape
+    d, dkv, dff, gated = block_shape(weights)
     NR = panel_width(dtype)
-    (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo,
-     total) = weight_layout(d, dff, NR)
+    layout = layout_of(weights, NR)
+    o_qkv, o_o, o_1, o_2 = layout[:4]
+    total = layout[12]
     flat = aligned_empty(total, dtype)
     flat[:] = 0
     # the cast happens once here, so float64 weights with float32 inputs run in float32
     # (stored matrices are dequantized exactly: the report times them so, as float32)
-    step = packed_len(d, d, NR)         # W_q, W_k, W_v packed one after another
-    for j, name in enumerate(("w_q", "w_k", "w_v")):
-        pack_b(weights.matrix(name, dtype), flat[o_qkv + j * step:o_qkv + j * step + packed_size(d, d, NR)])
+    mats, _ = qkv_parts(d, dkv, NR, o_qkv, layout[10])      # W_q, W_k, W_v one after another
+    for off, name in zip(mats, ("w_q", "w_k", "w_v")):
+        W = weights.matrix(name, dtype)
+        pack_b(W, flat[off:off + packed_size(*W.shape, NR)])
     pack_b(weights.matrix("w_o", dtype), flat[o_o:o_1])
-    pack_b(weights.matrix("w_ff1", dtype), flat[o_1:o_2])
+    pack_b(ffn_first(weights, dtype, NR), flat[o_1:o_2])
     pack_b(weights.matrix("w_ff2", dtype), flat[o_2:total])
-    pack_vectors(weights, dtype, flat, (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo))
+    pack_vectors(weights, dtype, flat, layout)
     flat.flags.writeable = False
     return flat
 
 
 def pack_vectors(weights, dtype, flat, layout) -> None:
-    """The biases and LayerNorm affines into ``flat`` at weight_layout's offsets (layout),
+    """The biases and norms' affines into ``flat`` at weight_layout's offsets (layout),
     zeros between them."""
     (o_qkv, o_o, o_1, o_2, o_b1, o_b2, o_g1, o_be1, o_g2, o_be2, o_bqkv, o_bo) = layout[:12]
-    d, dff = weights.w_ff1.shape
+    d, dkv, dff, gated = block_shape(weights)
     NR = panel_width(dtype)
     cast = lambda a: np.asarray(a, dtype=dtype)
     flat[:o_qkv] = 0
     # absent biases / LN affines are stored as their identity (0, and gamma=1, beta=0):
     # x + 0 and y * 1 + 0 are exact, so the kernels never need to branch on them
-    flat[o_b1:o_b1 + dff] = 0 if weights.b_ff1 is None else cast(weights.b_ff1)
+    if gated:       # b_gate and b1 as [gate | up] panel pairs, as the matrix
+        zeros = np.zeros(dff, dtype)
+        b_gate = zeros if weights.b_gate is None else cast(weights.b_gate)
+        b_up = zeros if weights.b_ff1 is None else cast(weights.b_ff1)
+        flat[o_b1:o_b1 + ffn_cols(dff, True, NR)] = gate_up_pairs(b_gate, b_up, NR)
+    else:
+        flat[o_b1:o_b1 + dff] = 0 if weights.b_ff1 is None else cast(weights.b_ff1)
     flat[o_b2:o_b2 + d] = 0 if weights.b_ff2 is None else cast(weights.b_ff2)
     flat[o_g1:o_g1 + d] = 1 if weights.ln1_gamma is None else cast(weights.ln1_gamma)
     flat[o_be1:o_be1 + d] = 0 if weights.ln1_beta is None else cast(weights.ln1_beta)
     flat[o_g2:o_g2 + d] = 1 if weights.ln2_gamma is None else cast(weights.ln2_gamma)
     flat[o_be2:o_be2 + d] = 0 if weights.ln2_beta is None else cast(weights.ln2_beta)
     if weights.b_q is not None:         # otherwise zeros, the padding past d_model too
-        bstep = bias_len(d, NR)
-        for j, b in enumerate((weights.b_q, weights.b_k, weights.b_v)):
-            flat[o_bqkv + j * bstep:o_bqkv + j * bstep + d] = cast(b)
+        _, biases = qkv_parts(d, dkv, NR, o_qkv, o_bqkv)
+        for off, b in zip(biases, (weights.b_q, weights.b_k, weights.b_v)):
+            flat[off:off + b.shape[0]] = cast(b)
+    if weights.b_o is not None:         # attn_bias "qkv": none
         flat[o_bo:o_bo + d] = cast(weights.b_o)
 
 
@@ -167,29 +216,17 @@ def cached_flops(B: int, T: int, past: int, per_row: int, per_key: int) -> int:
 # ----------------------------------------------------------------------------- plans
 
 
-def refuse_unsupported(cfg) -> None:
-    """ValueError naming the first option of cfg that this backend does not compute yet:
-    none is silently computed as the lesson's block."""
-    for name, computed in (("norm_type", "layernorm"), ("ffn", "mlp"), ("positions", "none")):
-        if getattr(cfg, name) != computed:
-            raise ValueError(f"backend 'numba' does not compute {name}={getattr(cfg, name)!r} yet "
-                             f"(only {name}={computed!r})")
-    if cfg.activation not in ACTIVATION_CODES:
-        raise ValueError(f"backend 'numba' does not compute activation={cfg.activation!r} yet "
-                         f"(only {tuple(ACTIVATION_CODES)})")
-    if cfg.kv_heads != cfg.n_heads:
-        raise ValueError(f"backend 'numba' does not compute n_kv_heads={cfg.n_kv_heads} yet "
-                         f"(only n_kv_heads = n_heads = {cfg.n_heads})")
-    if cfg.attn_bias not in (False, True):
-        raise ValueError(f"backend 'numba' does not compute attn_bias={cfg.attn_bias!r} yet (only False or True)")
+def scalars_of(cfg) -> tuple:
+    """The block's scalar arguments (kernels.block's cfg: the fields of a Dims after T and d)."""
+    rope_theta = cfg.rope_theta if cfg.positions == "rotary" else 0.0      # 0: no rotary positions
+    return (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps,
+            cfg.kv_heads, cfg.norm_type == "rmsnorm", cfg.ffn == "gated", rope_theta, cfg.rope_scale)
 
 
 def make_plan(weights, cfg, dtype):
     """What every call with these weights, this config and this dtype passes besides H:
     (cfg, packed weights, the block's scalar arguments, then flop_terms)."""
-    refuse_unsupported(cfg)
-    scalars = (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps)
-    return (cfg, packed(weights, dtype), scalars) + flop_terms(cfg)
+    return (cfg, packed(weights, dtype), scalars_of(cfg)) + flop_terms(cfg)
 
 
 def plan_of(weights, cfg, dtype):

@@ -1,0 +1,161 @@
+"""The stages of kernels.block's forward pass, and the task of each that a worker runs.
+
+A call plans the stages it needs (plan_stage) into rows of a stage plan and runs each
+stage's tasks from one loop per half of the block (block._one_block):
+attention_stages_task (stages 1-2, until the heads' outputs are in q) and
+output_stages_task (stages 3-4, W_O and the FFN).  next_task hands a worker its tasks.
+
+Rotary positions and the KV cache's new rows are per (sequence, K/V head) work
+(new_rows, rope_packed): the new rows' Q and K are turned (kernels.rotary) and the keys
+and values written to the cache before any query reads them, inside the attention task
+of the one query head of its K/V head when there is one such task (no grouped-query
+attention, one query tile), else in a stage of their own before attention.
+"""
+
+from __future__ import annotations
+
+from .ffn import ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task
+from .layout import block_layout, kt_len, norm_offsets, panels, task_tile
+from .kvstore import attend_cache, cache_first, cache_new_rows
+from .options import claim, kernel
+from .records import Cache
+from .rotary import rotate_kt, rotate_rows
+from .simd import panel_lanes
+from .stages import attention_direct_task, attention_task, layernorm_piece, out_proj_task, qkv_task
+from .tiles import BQ
+from .wgemm import floats
+
+# The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
+# heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
+LN1, QKV, CACHE_NEW, ATTEND_CACHED, ATTEND_DIRECT, ATTEND, CACHE_FIRST, ROPE = range(8)
+OUT_PROJ, FFN_IN, FFN_UP, FFN_DOWN, LN_POST, FFN_ROWS = range(6)
+# The stage plan is (PLAN_ROWS, PLAN_COLS) intp: a row per stage, the attention half's
+# from row 0, the output half's from row HALF (5 stages a half at most); its columns: the
+# stage, its number of tasks, the next task of each half (next_task), tasks finished
+# (finished, wait_for: a decode step's one parallel region)
+HALF = 5
+PLAN_ROWS = 2 * HALF
+PLAN_COLS = 5
+
+
+@kernel(internal=True)
+def plan_stage(plan, n, stage, ntasks):
+    """Append (stage, ntasks) as row n of plan; the next free row."""
+    plan[n, 0] = stage
+    plan[n, 1] = ntasks
+    return n + 1
+
+
+@kernel(internal=True)
+def next_task(plan, s, w, halves, nthr):
+    """The next task of stage s for worker w (plan[s, 1] when none is left).  halves=1:
+    from one counter, as the workers ask.  halves=2: the tasks are two contiguous halves
+    with a counter each (columns 2 and 3); worker w takes from half w % 2, then from the
+    other.  For a GEMV (a decode step) a task is a panel of one weight matrix: two
+    threads taking neighbouring panels in turn streamed slower than each streaming a
+    run of its own (docs/perf-log.md)."""
+    n = plan[s, 1]
+    if halves == 1:
+        return claim(plan, s, 2, nthr)
+    size = (n + 1) // 2
+    for j in range(2):
+        g = (w + j) % 2
+        t = g * size + claim(plan, s, 2 + g, nthr)
+        if t < min(n, (g + 1) * size):
+            return t
+    return n
+
+
+@kernel(internal=True)
+def qkv_panels(dims, NR):
+    """Column panels of the QKV stage: W_q's, then W_k's and W_v's (d_kv columns each)."""
+    return panels(dims.d, NR) + 2 * panels(dims.kv_heads * (dims.d // dims.n_heads), NR)
+
+
+@kernel(internal=True)
+def inline_new_rows(dims, cached):
+    """Whether each attention task (ATTEND_CACHED when cached, else ATTEND_DIRECT) makes
+    its own head's new rows (new_rows) before attending: with one task per K/V head, that
+    is one query head a K/V head and (cached) one query tile; else a CACHE_NEW stage does."""
+    return dims.kv_heads == dims.n_heads and (dims.T <= BQ or not cached)
+
+
+@kernel(internal=True)
+def new_rows(bufs, dims, t, cache):
+    """The new rows of K/V head g = t % kv_heads of sequence b = t // kv_heads, in q as
+    rows [Q | K | V] of 3d (bufs: Attend): with rotary positions, its K head and the
+    group's Q heads turned; with a cache (past >= 0), its keys and values written there."""
+    if dims.rope_theta > 0:
+        d, T = dims.d, dims.T
+        dk = d // dims.n_heads
+        group = dims.n_heads // dims.kv_heads
+        b, g = t // dims.kv_heads, t % dims.kv_heads
+        base = b * T * 3 * d
+        rotate_rows(bufs.q, base + g * group * dk, 3 * d, T, group, dk, bufs.rope, 0)
+        rotate_rows(bufs.q, base + d + g * dk, 3 * d, T, 1, dk, bufs.rope, 0)
+    if cache.past >= 0:
+        cache_new_rows(bufs.q, dims, t, cache)
+
+
+@kernel(internal=True)
+def rope_packed(bufs, dims, t):
+    """Rotary positions for K/V head g = t % kv_heads of sequence b = t // kv_heads on the
+    packed path: the group's Q heads in q (rows of d) and the head's K^T panels in kt."""
+    d, T = dims.d, dims.T
+    dk = d // dims.n_heads
+    group = dims.n_heads // dims.kv_heads
+    b, g = t // dims.kv_heads, t % dims.kv_heads
+    rotate_rows(bufs.q, b * T * d + g * group * dk, d, T, group, dk, bufs.rope, 0)
+    rotate_kt(bufs.kt, t * kt_len(T, dk, panel_lanes(bufs.kt)), T, dk, bufs.rope)
+
+
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
+    """Task t of ``stage`` (LN1 .. ROPE) of block._one_block, which sets out the records:
+    H the flat rows, bufs the Attend buffers, cache the block's Cache (past < 0: none)."""
+    d = dims.d
+    rows = H.size // d
+    NR = panel_lanes(floats(Wf))
+    if stage == LN1:
+        g_off, b_off = norm_offsets(block_layout(dims, NR), 1, dims.rms)
+        layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)
+    elif stage == QKV:
+        qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, qkv_panels(dims, NR)), bufs)
+    elif stage == CACHE_NEW:
+        new_rows(bufs, dims, t, cache)
+    elif stage == ATTEND_CACHED:
+        if inline_new_rows(dims, True):     # the task's own head, appended before it is read
+            new_rows(bufs, dims, t, cache)
+        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
+    elif stage == ATTEND_DIRECT:
+        if inline_new_rows(dims, False):
+            new_rows(bufs, dims, t, cache)
+        attention_direct_task(bufs.q, dims, t, bufs.srow)
+    elif stage == ATTEND:
+        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
+    elif stage == ROPE:
+        rope_packed(bufs, dims, t)
+    else:
+        cache_first(bufs.kt, bufs.vp, dims, t, cache)
+
+
+@kernel(readonly=("H", "Wf"), standalone=True, internal=True)
+def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
+    """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of block._one_block, which sets out the
+    records: H the flat rows, bufs the Output buffers."""
+    d = dims.d
+    rows = H.size // d
+    NR = panel_lanes(floats(Wf))
+    if stage == OUT_PROJ:
+        out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, NR)), bufs)
+    elif stage == FFN_IN:
+        ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
+    elif stage == FFN_UP:
+        ffn_up_task(Wf, dims, rows, bufs, t)
+    elif stage == FFN_DOWN:
+        ffn_down_task(Wf, dims, rows, bufs, t)
+    elif stage == LN_POST:
+        g_off, b_off = norm_offsets(block_layout(dims, NR), 2, dims.rms)
+        layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)
+    else:
+        ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))
