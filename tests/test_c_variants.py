@@ -310,7 +310,8 @@ def test_rotary_is_hugging_faces_rotate_half_form():
 PEER_ROTARY = """
 import sys, numpy as np, torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-X = np.load(sys.argv[1]); first, theta, scale, d_k = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+X = np.load(sys.argv[1])
+first, theta, scale, d_k = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 T, heads = X.shape[0], X.shape[1] // d_k
 inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
 emb = torch.cat([torch.outer(torch.arange(first, first + T, dtype=torch.float64) / scale, inv_freq)] * 2, dim=-1)
@@ -336,8 +337,9 @@ def test_rotary_pairing_is_transformers_apply_rotary_pos_emb(tmp_path):
     X = np.random.default_rng(1).standard_normal((6, 3 * d_k))
     np.save(tmp_path / "x.npy", X)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    ran = subprocess.run([sys.executable, "-c", PEER_ROTARY, "x.npy", "want.npy", str(first), repr(theta),
-                          repr(scale), str(d_k)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    args = ["x.npy", "want.npy", str(first), repr(theta), repr(scale), str(d_k)]
+    ran = subprocess.run([sys.executable, "-c", PEER_ROTARY, *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert rel_err(_c_rotary(X, first, theta, scale, d_k), np.load(tmp_path / "want.npy")) < TOL
 
@@ -391,7 +393,8 @@ def test_grouped_kv_heads_equal_mha_on_repeated_columns(n_kv_heads, rotary):
         heads = a.reshape(*a.shape[:-1], n_kv_heads, 1, d_k)
         return np.broadcast_to(heads, (*a.shape[:-1], n_kv_heads, group, d_k)).reshape(*a.shape[:-1], -1)
 
-    w_mha = tblock.BlockWeights(**{**w.arrays(), **{n: repeat(getattr(w, n)) for n in ("w_k", "w_v", "b_k", "b_v")}})
+    repeated = {n: repeat(getattr(w, n)) for n in ("w_k", "w_v", "b_k", "b_v")}
+    w_mha = tblock.BlockWeights(**{**w.arrays(), **repeated})
     H = rng.standard_normal((2, 7, 24))
     got, got_tr = tblock.forward(H, w, gqa, backend="c", trace=True)
     want, want_tr = tblock.forward(H, w_mha, mha, backend="c", trace=True)
@@ -484,12 +487,12 @@ def test_raw_cache_holds_the_kv_heads_only_keys_rotated():
     K = np.full((1, 2, 5, 4), np.nan)
     V = np.full_like(K, np.nan)
     out = np.full((1, 5, 16), np.nan)
-    cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w, np.full(cb.scratch_len_cached(fields, 5, 0), np.nan))
+    scratch = np.full(cb.scratch_len_cached(fields, 5, 0), np.nan)
+    cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w, scratch)
     assert np.array_equal(K[0].transpose(1, 0, 2).reshape(5, 8), tr.K[0])
     assert np.array_equal(V[0].transpose(1, 0, 2).reshape(5, 8), tr.V[0])
     with pytest.raises(cb.CRefError, match="TB_ERR_CACHE_SIZE"):
-        cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w,
-                                         np.zeros(cb.scratch_len_cached(fields, 5, 0)), lens={"K_cache": K.size - 1})
+        cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w, scratch, lens={"K_cache": K.size - 1})
 
 
 # ---------------------------------------------------------------------------------------
@@ -592,3 +595,17 @@ def test_python_side_refuses_an_unknown_option_by_name():
     object.__setattr__(cfg, "positions", "alibi")
     with pytest.raises(ValueError, match="positions='alibi'"):
         cb.config_fields(cfg)
+
+
+def test_components_follow_the_variants():
+    """The timed components: the block's norm (RMSNorm), the gated FFN and the core on grouped
+    K/V heads, against the oracle's components."""
+    cfg = make_cfg(d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, norm_type="rmsnorm", ffn="gated",
+                   activation="silu", positions="rotary", ln_affine=True, ffn_bias=True, attn_bias="qkv")
+    rng = np.random.default_rng(11)
+    w = variant_weights(cfg, rng)
+    ours, theirs = cb.components(cfg, w, np.float64), oracle.components(cfg, w, np.float64)
+    X, Q, K, V = (rng.standard_normal(s) for s in ((5, 16), (5, 16), (5, 8), (5, 8)))
+    for name in ("layernorm", "ffn"):
+        assert rel_err(ours.fns[name](X), theirs.fns[name](X)) < TOL, name
+    assert rel_err(ours.fns["attention_core"](Q, K, V), theirs.fns["attention_core"](Q, K, V)) < TOL

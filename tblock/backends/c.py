@@ -172,6 +172,12 @@ class _Call:
         self.keep.append(w)
         return w
 
+    def flat(self, outputs: dict, inputs: dict) -> list:
+        """(pointer, length) of each output array, then of each input, flattened in order."""
+        pairs = [self.buf(n, a, writable=True) for n, a in outputs.items()]
+        pairs += [self.buf(n, a) for n, a in inputs.items()]
+        return [x for pair in pairs for x in pair]
+
     def finish(self):
         if self.lens:
             raise KeyError(f"lens names no argument of this call: {sorted(self.lens)}")
@@ -263,9 +269,7 @@ def rmsnorm_rows_raw(out, X, rows: int, cols: int, gamma=None, eps: float = 1e-5
                      lens: dict | None = None) -> None:
     """tb_rmsnorm_rows; lens keys: out, X, gamma."""
     call = _Call(lens)
-    out_p, out_n = call.buf("out", out, writable=True)
-    x_p, x_n = call.buf("X", X)
-    g_p, g_n = call.buf("gamma", gamma)
+    out_p, out_n, x_p, x_n, g_p, g_n = call.flat(dict(out=out), dict(X=X, gamma=gamma))
     call.finish()
     _check("tb_rmsnorm_rows", call.lib.tb_rmsnorm_rows(out_p, out_n, x_p, x_n, rows, cols, g_p, g_n, eps))
 
@@ -274,11 +278,9 @@ def rotary_rows_raw(out, X, rows: int, cols: int, first: int, cfg: dict | None,
                     lens: dict | None = None) -> None:
     """tb_rotary_rows: out = X's heads turned for positions first .. first+rows-1; lens keys: out, X."""
     call = _Call(lens)
-    out_p, out_n = call.buf("out", out, writable=True)
-    x_p, x_n = call.buf("X", X)
-    c = call.config(cfg)
+    flat, c = call.flat(dict(out=out), dict(X=X)), call.config(cfg)
     call.finish()
-    _check("tb_rotary_rows", call.lib.tb_rotary_rows(out_p, out_n, x_p, x_n, rows, cols, first, c))
+    _check("tb_rotary_rows", call.lib.tb_rotary_rows(*flat, rows, cols, first, c))
 
 
 def masked_softmax_rows_raw(out, S, rows: int, cols: int, causal: int, lens: dict | None = None) -> None:
@@ -294,11 +296,9 @@ def attention_head_raw(out_concat, A_h, S, Q, K, V, T: int, head: int, cfg: dict
                        lens: dict | None = None) -> None:
     """tb_attention_head; lens keys: out_concat, A_h, S, Q, K, V."""
     call = _Call(lens)
-    args = [call.buf("out_concat", out_concat, writable=True), call.buf("A_h", A_h, writable=True),
-            call.buf("S", S, writable=True), call.buf("Q", Q), call.buf("K", K), call.buf("V", V)]
+    flat = call.flat(dict(out_concat=out_concat, A_h=A_h, S=S), dict(Q=Q, K=K, V=V))
     c = call.config(cfg)
     call.finish()
-    flat = [x for pair in args for x in pair]
     _check("tb_attention_head", call.lib.tb_attention_head(*flat, T, head, c))
 
 
@@ -306,12 +306,9 @@ def ffn_raw(F_out, F_pre, F_post, X, T: int, cfg: dict | None, weights: dict | N
             lens: dict | None = None) -> None:
     """tb_ffn; lens keys: F_out, F_pre, F_post, X and the FFN weight names."""
     call = _Call(lens)
-    args = [call.buf("F_out", F_out, writable=True), call.buf("F_pre", F_pre, writable=True),
-            call.buf("F_post", F_post, writable=True), call.buf("X", X)]
-    c = call.config(cfg)
-    w = call.weights(weights)
+    flat = call.flat(dict(F_out=F_out, F_pre=F_pre, F_post=F_post), dict(X=X))
+    c, w = call.config(cfg), call.weights(weights)
     call.finish()
-    flat = [x for pair in args for x in pair]
     _check("tb_ffn", call.lib.tb_ffn(*flat, T, c, w))
 
 
@@ -319,13 +316,9 @@ def gated_ffn_raw(F_out, F_pre, F_gate, F_post, X, T: int, cfg: dict | None, wei
                   lens: dict | None = None) -> None:
     """tb_gated_ffn; lens keys: F_out, F_pre, F_gate, F_post, X and the FFN weight names."""
     call = _Call(lens)
-    args = [call.buf("F_out", F_out, writable=True), call.buf("F_pre", F_pre, writable=True),
-            call.buf("F_gate", F_gate, writable=True), call.buf("F_post", F_post, writable=True),
-            call.buf("X", X)]
-    c = call.config(cfg)
-    w = call.weights(weights)
+    flat = call.flat(dict(F_out=F_out, F_pre=F_pre, F_gate=F_gate, F_post=F_post), dict(X=X))
+    c, w = call.config(cfg), call.weights(weights)
     call.finish()
-    flat = [x for pair in args for x in pair]
     _check("tb_gated_ffn", call.lib.tb_gated_ffn(*flat, T, c, w))
 
 
