@@ -75,8 +75,9 @@ class BlockConfig:
         _check_positive("eps", self.eps)
         check_bool("ffn_bias", self.ffn_bias)
         check_bool("ln_affine", self.ln_affine)
-        if self.attn_bias != "qkv":
-            check_bool("attn_bias", self.attn_bias)
+        if not (isinstance(self.attn_bias, bool) or self.attn_bias == "qkv"):
+            raise (ValueError if isinstance(self.attn_bias, str) else TypeError)(
+                f"attn_bias must be True, False or 'qkv', got {type(self.attn_bias).__name__} {self.attn_bias!r:.100}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("ffn", self.ffn, FFNS)
