@@ -8,9 +8,12 @@ own set (its ``components`` function). A component a backend does not expose is 
 
 The components, and the input each callable takes (``make_inputs`` builds them):
 
-    layernorm       one LayerNorm of a (T, d_model) array            X
+    layernorm       the block's first norm (LayerNorm or RMSNorm)    X
+                    of a (T, d_model) array
     softmax         masked row softmax of (n_heads, T, T) scores     S
-    attention_core  scores -> mask -> softmax -> A V, all heads      Q, K, V  (T, d_model) each
+    attention_core  scores -> mask -> softmax -> A V, all heads      Q (T, d_model); K, V (T, d_kv)
+                    (grouped-query: query head h reads K/V head       (d_kv = d_model without GQA)
+                    h // group; Q and K already rotated)
     attention       the MHA sublayer: QKV projection, the core,      X
                     output projection (no LayerNorm, no residual)
     ffn             the FFN sublayer: up, activation, down           X
@@ -18,8 +21,15 @@ The components, and the input each callable takes (``make_inputs`` builds them):
                     the nanoGPT-style Block module)
 
 ``attention_core`` is not a sublayer of its own but it is what ``tblock.crossover_T``
-models (scores + AV against the FFN's two matmuls), so timing it separately lets the
+models (scores + AV against the FFN's matmuls), so timing it separately lets the
 measured crossover be compared with the FLOP model like for like.
+
+For a block beyond the lesson's (``not cfg.lesson_block``: RMSNorm, the gated FFN, rotary,
+grouped K/V), ``prepare`` times only what a backend computes for it: a backend whose
+``components`` refuses the config, or that builds the lesson's block only (LESSON_ONLY), has
+every component n/a with the reason, and each component it does expose is first checked
+against the numpy oracle's on a short input (``check_against_oracle``); one that raises or
+disagrees is n/a, with the reason, instead of timing work the block does not do.
 """
 
 from __future__ import annotations
@@ -37,6 +47,14 @@ from . import BACKEND_MODULES, DEFAULT_BACKEND
 COMPONENTS = ("layernorm", "softmax", "attention_core", "attention", "ffn", "block")
 # the default backend first: the ratios in the reports are taken against it
 BACKENDS = (DEFAULT_BACKEND,) + tuple(b for b in BACKEND_MODULES if b != DEFAULT_BACKEND)
+# backends whose components are built for the lesson's block only -> why
+LESSON_ONLY = {"torch": "nanoGPT's modules compute the lesson's block only (LayerNorm, the two-matrix GELU/ReLU "
+                        "FFN, no rotary, n_kv_heads = n_heads)"}
+# the oracle's components on this many tokens check another backend's for a variant block
+CHECK_T = 8
+# relative error (max |difference| over max |oracle|) a checked component may show, by the
+# dtype it computes in
+CHECK_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
 
 
 @dataclass
@@ -124,7 +142,7 @@ def make_inputs(cfg: BlockConfig, T: int, dtype=np.float32, seed: int = 0,
             # scores after the 1/sqrt(d_k) scale are about N(0, 1) for unit-variance Q and K
             out[name] = (normal(cfg.n_heads, T, T),)
         elif name == "attention_core":
-            out[name] = (normal(T, d), normal(T, d), normal(T, d))
+            out[name] = (normal(T, d), normal(T, cfg.d_kv), normal(T, cfg.d_kv))    # Q; K, V of the K/V heads
         elif name in COMPONENTS:
             out[name] = (X,)
         else:
@@ -177,11 +195,57 @@ def prepare(backend: str, cfg: BlockConfig, weights: BlockWeights, dtype=np.floa
     # the block's weights in the timed dtype, so a backend never converts them per call
     weights = weights if weights.dtype == dtype else BlockWeights(
         **weights.float_arrays(dtype))
-    cs = api.get_backend(backend).components(cfg, weights, dtype)
+    if cfg.lesson_block:
+        cs = api.get_backend(backend).components(cfg, weights, dtype)
+    else:
+        cs = _variant_components(backend, cfg, weights, dtype)
     for name in COMPONENTS:
         if name not in cs.fns and name not in cs.missing:
             cs.missing[name] = f"the {backend} backend does not expose it"
     return cs
+
+
+def _variant_components(backend, cfg, weights, dtype) -> ComponentSet:
+    """``backend``'s components for a block beyond the lesson's: only those that compute it."""
+    why = LESSON_ONLY.get(backend)
+    if why is None:
+        try:
+            cs = api.get_backend(backend).components(cfg, weights, dtype)
+        except Exception as e:          # a backend that refuses the config (by name, or failing to build)
+            why = f"{type(e).__name__}: {e}"[:300]
+        else:
+            if backend != "numpy":      # the oracle is what the others are checked against
+                check_against_oracle(cs, cfg, weights, dtype)
+            return cs
+    cs = ComponentSet(backend, cfg, dtype, dtype)
+    cs.missing.update({name: f"not computed for this block: {why}" for name in COMPONENTS})
+    return cs
+
+
+def check_against_oracle(cs: ComponentSet, cfg: BlockConfig, weights: BlockWeights, dtype) -> None:
+    """Run each of ``cs``'s components once on CHECK_T tokens next to the numpy oracle's;
+    one that raises or differs by more than CHECK_TOLERANCE (relative to the oracle's
+    largest value) moves to ``cs.missing`` with the reason."""
+    ref = api.get_backend("numpy").components(cfg, weights, dtype)
+    inputs = make_inputs(cfg, CHECK_T, dtype, seed=CHECK_T, components=list(cs.fns))
+    tol = CHECK_TOLERANCE["float64" if np.dtype(cs.compute_dtype) == np.float64 else "float32"]
+    for name in list(cs.fns):
+        want = np.asarray(ref.fns[name](*inputs[name]), dtype=np.float64)
+        try:
+            got = np.asarray(cs.fns[name](*inputs[name]), dtype=np.float64)
+        except Exception as e:
+            why = f"raised {type(e).__name__}: {e}"[:300]
+        else:
+            err = (np.max(np.abs(got - want)) / max(np.max(np.abs(want)), np.finfo(np.float64).tiny)
+                   if got.shape == want.shape else None)
+            if err is not None and err <= tol:
+                continue
+            why = (f"gave shape {got.shape}, the oracle {want.shape}" if err is None else
+                   f"differs from the numpy oracle by {err:.1e} relative (> {tol:g})")
+        del cs.fns[name]
+        cs.missing[name] = f"not timed for this block: at T={CHECK_T} it {why}"
+    cs.notes.append(f"each component timed for this block was first checked against the numpy oracle at "
+                    f"T={CHECK_T} (compilation, if any, happened there)")
 
 
 def block_fn(backend, cfg, weights):
