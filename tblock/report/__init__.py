@@ -8,10 +8,14 @@ placed under its roofline bound. It writes a folder (report.md, report.json, PNG
 prints a summary. The FLOP model says scores + AV (4 T^2 d_model for the full
 square, about half that causal) catch up with the FFN's 4 T d_model d_ff at T = d_ff
 (4 d_model), or about 8 d_model causal; the report puts the measured crossover next to it.
+``--family llama`` sweeps the block of today's small models instead (RMSNorm, SwiGLU, rotary,
+grouped-query attention): its three FFN matrices move the model's crossover to 1.5 d_ff
+(3 d_ff - 1 causal), grouped K/V heads do not move it.
 
 ``tblock report --compare A.json B.json`` prints two saved reports side by side.
 
     options    the command line and the --out folder
+    family     the swept block (--family) and the one function that builds its BlockConfig
     limits     the machine's limits, measured (through tblock.perf.peak)
     sweep      the measurements (through tblock.perf)
     roofline   the byte model and each point's bound
@@ -77,7 +81,8 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
     t_start = time.perf_counter()
     data = {"schema": SCHEMA, "command": command, "options": asdict(opts), "machine": machine_info()}
     clock = {}                   # where the report's own time goes
-    if opts.dtype == "float32":         # before Numba's pool starts (peers run in float32 only)
+    cfg = opts.block()
+    if opts.dtype == "float32" and cfg.lesson_block:   # before Numba's pool starts (peers: float32, the lesson's block)
         peers.import_early(peers.PEERS if opts.peers is None else opts.peers)
     t0 = time.perf_counter()
     sets = prepare_all(opts)
@@ -113,7 +118,6 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
             data["threads"]["numba_threading_layer"] = numba.threading_layer()
         except (ImportError, ValueError):   # ValueError: no parallel numba code ran
             data["threads"]["numba_threading_layer"] = None
-    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
     data["T"] = list(opts.T_list)
     data["flops"] = {str(T): component_flops(cfg, T) for T in opts.T_list}
     data["flop_model"] = flop_model(data["config"])
@@ -131,7 +135,10 @@ def build_report(opts: ReportOptions, command: str, progress_stream=None) -> dic
 
 def run_report(opts: ReportOptions, command: str = "tblock report", out=print, progress_stream=None) -> int:
     backends = ", ".join(opts.backends)
-    out(f"tblock report: d_model={opts.d_model}, n_heads={opts.n_heads}, {opts.dtype}, "
+    cfg = opts.block()
+    family = "" if opts.family == "lesson" else (
+        f"{opts.family} block (RMSNorm, SwiGLU d_ff={cfg.d_ff}, rotary, {cfg.kv_heads} K/V heads), ")
+    out(f"tblock report: {family}d_model={opts.d_model}, n_heads={opts.n_heads}, {opts.dtype}, "
         f"{'causal' if opts.causal else 'full square'}, T={opts.T_list[0]}..{opts.T_list[-1]} "
         f"({len(opts.T_list)} points), backends {backends}, {opts.threads} threads ({opts.mode})")
     for b, why in opts.unavailable.items():

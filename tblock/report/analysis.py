@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from ..backends.components import COMPONENTS, sublayer_crossover_T
-from ..config import BlockConfig
 from ..counting import crossover_T
+from .family import block_config
 from .roofline import add_roofline
 
 
@@ -110,8 +110,12 @@ def backend_ratios(data: dict) -> dict:
 
 
 def flop_model(cfg_d: dict) -> dict:
-    cfg = BlockConfig(d_model=cfg_d["d_model"], n_heads=cfg_d["n_heads"], causal=cfg_d["causal"])
+    """The FLOP model's crossovers for report.json's "config": the attention core against the
+    FFN's matmuls (tblock.crossover_T: d_ff and 2 d_ff - 1 for the two-matrix FFN, 1.5 d_ff
+    and 3 d_ff - 1 for the gated one), and the whole sublayers against each other."""
+    cfg = block_config(cfg_d)
     return {"crossover_T_full": crossover_T(cfg, False), "crossover_T_causal": crossover_T(cfg, True),
             "sublayer_crossover_T_full": sublayer_crossover_T(cfg, False),
             "sublayer_crossover_T_causal": sublayer_crossover_T(cfg, True),
-            "four_d_model": 4 * cfg.d_model, "eight_d_model": 8 * cfg.d_model}
+            "four_d_model": 4 * cfg.d_model, "eight_d_model": 8 * cfg.d_model,
+            "ffn_matrices": 3 if cfg.ffn == "gated" else 2}

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from .. import peers
 from ..backends import components
+from ..config import BlockConfig
+from ..counting import param_breakdown
 from ..outfolder import OutputError, check_folder
+from .family import DESCRIPTIONS, FAMILIES, block_config, config_dict, default_d_ff, default_kv_heads
 from ..perf import t_grid, usable_cores
 
 SCHEMA = "tblock-report/2"        # 2: "limits" and the roofline; 1 had "ceilings" (BLAS GEMMs), % of ceiling
@@ -46,6 +49,18 @@ class ReportOptions:
     seed: int = 0
     peers: list | None = None       # whole-block peers to time after the sweep; None: every installed one
     force: bool = False             # --force: write into a folder holding other files, replacing same-named ones
+    family: str = "lesson"          # --family: which block is swept (tblock.report.family)
+    d_ff: int | None = None         # --d-ff; None: the family's default
+    n_kv_heads: int | None = None   # --n-kv-heads (llama); None: the family's default
+
+    def config(self) -> dict:
+        """report.json's "config" for these options (tblock.report.family.config_dict)."""
+        return config_dict(self.family, self.d_model, self.n_heads, self.d_ff, self.n_kv_heads, self.causal,
+                           self.dtype)
+
+    def block(self) -> BlockConfig:
+        """The swept block, built the one way every part of the report builds it."""
+        return block_config(self.config())
 
 
 MODES = {
@@ -67,6 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", type=int, default=384, help="d_model of the swept block (default 384)")
     p.add_argument("--n-heads", type=int, default=None,
                    help="heads (default d_model/64: 6 for 384, 12 for 768)")
+    p.add_argument("--family", default="lesson",
+                   help="the block swept: " + "; ".join(f"{f}: {DESCRIPTIONS[f]}" for f in FAMILIES)
+                        + " (default lesson)")
+    p.add_argument("--d-ff", type=int, default=None,
+                   help="the FFN's hidden width (default 4*d_model; llama: 8/3*d_model rounded up to a "
+                        "multiple of 64, 1536 for d_model 576 as in SmolLM2)")
+    p.add_argument("--n-kv-heads", type=int, default=None,
+                   help="K/V heads of --family llama, dividing n_heads (default: n_heads over its smallest "
+                        "divisor >= 3, SmolLM2's 3:1 where 3 divides it; 1 is multi-query)")
     p.add_argument("--T-min", type=int, default=None, help="smallest T of the sweep (default d_model/8)")
     p.add_argument("--T-max", type=int, default=None,
                    help="largest T of the sweep (default 8*d_model, 16*d_model with --full)")
@@ -136,18 +160,21 @@ def physical_memory() -> int | None:
         return None
 
 
-def _check_memory(d_model: int, T_max: int, n_backends: int, dtype: str, ceiling_sizes) -> None:
+def _check_memory(cfg: BlockConfig, T_max: int, n_backends: int, dtype: str, ceiling_sizes) -> None:
     """Refuse sizes whose arrays cannot fit in this machine's memory at all, before anything
-    is allocated: a lower bound, the weights once and once more per backend, one call's
-    activations at the largest T, and the ceiling GEMMs' three float64 n x n matrices."""
+    is allocated: a lower bound, the weights (tblock.counting's matrices) once and once more
+    per backend, one call's activations at the largest T (X, Q, the output and two more
+    d_model-wide rows, K and V, the FFN's hidden layer: two of them gated), and the ceiling
+    GEMMs' three float64 n x n matrices."""
     ram = physical_memory()
     if ram is None:
         return
     gib = lambda b: f"{b / 2**30:,.1f} GiB"      # noqa: E731
     itemsize = 4 if dtype == "float32" else 8
-    d_ff = 4 * d_model
-    params = 4 * d_model * d_model + 2 * d_model * d_ff
-    need = itemsize * (params * (1 + n_backends) + T_max * (6 * d_model + d_ff))
+    d_model, parts = cfg.d_model, param_breakdown(cfg)
+    params = parts["attention"] + parts["ffn"]
+    per_token = 4 * d_model + 2 * cfg.d_kv + (2 if cfg.ffn == "gated" else 1) * cfg.d_ff
+    need = itemsize * (params * (1 + n_backends) + T_max * per_token)
     if need > ram:
         raise ReportError(f"--d-model {d_model} with T up to {T_max} needs at least {gib(need)} (the weights "
                           f"once per backend and one call's activations), and this machine has {gib(ram)}: "
@@ -156,6 +183,29 @@ def _check_memory(d_model: int, T_max: int, n_backends: int, dtype: str, ceiling
     if 3 * 8 * n * n > ram:
         raise ReportError(f"--ceiling-sizes {n} needs {gib(3 * 8 * n * n)} for its n x n float64 matrices, "
                           f"and this machine has {gib(ram)}: choose smaller sizes")
+
+
+def _block_options(args: argparse.Namespace, d_model: int, n_heads: int) -> tuple[str, int, int | None]:
+    """(family, d_ff, n_kv_heads) from --family, --d-ff and --n-kv-heads, each checked and
+    defaulted (tblock.report.family); n_kv_heads stays None for the lesson's block."""
+    family = args.family
+    if family not in FAMILIES:
+        raise ReportError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    _positive("--d-ff", args.d_ff)
+    d_ff = default_d_ff(family, d_model) if args.d_ff is None else args.d_ff
+    if family == "lesson":
+        if args.n_kv_heads is not None:
+            raise ReportError(f"--n-kv-heads applies to --family llama only: the lesson's block has "
+                              f"n_kv_heads = n_heads, got --n-kv-heads {args.n_kv_heads}")
+        return family, d_ff, None
+    _positive("--n-kv-heads", args.n_kv_heads)
+    n_kv_heads = default_kv_heads(n_heads) if args.n_kv_heads is None else args.n_kv_heads
+    if n_heads % n_kv_heads:
+        raise ReportError(f"--n-kv-heads must divide n_heads={n_heads}, got {n_kv_heads}")
+    if (d_model // n_heads) % 2:
+        raise ReportError(f"--n-heads: rotary positions (--family {family}) turn pairs of a head's columns, so "
+                          f"d_k = d_model / n_heads must be even, got d_k={d_model // n_heads}")
+    return family, d_ff, n_kv_heads
 
 
 def resolve_options(args: argparse.Namespace) -> ReportOptions:
@@ -173,6 +223,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         n_heads = args.n_heads
     if d_model % n_heads:
         raise ReportError(f"--n-heads: d_model={d_model} is not divisible by n_heads={n_heads}")
+    family, d_ff, n_kv_heads = _block_options(args, d_model, n_heads)
     if args.dtype not in ("float32", "float64"):
         raise ReportError(f"--dtype must be float32 or float64, got {args.dtype!r}")
 
@@ -239,7 +290,9 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
             if x not in peers.PEERS:
                 raise ReportError(f"--peers: unknown peer {x!r}; choose from {', '.join(peers.PEERS)}, or none")
         peer_names = list(dict.fromkeys(peer_names))
-    _check_memory(d_model, max(T_list), len(backends), args.dtype, ceiling_sizes)
+    cfg = block_config({"family": family, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff,
+                        "n_kv_heads": n_kv_heads, "causal": args.causal})
+    _check_memory(cfg, max(T_list), len(backends), args.dtype, ceiling_sizes)
     out = check_out_folder(args.out, force=args.force)
     _, _, repeats, min_repeat_s, target_s, budget = MODES[args.mode]
     return ReportOptions(
@@ -249,7 +302,7 @@ def resolve_options(args: argparse.Namespace) -> ReportOptions:
         target_s=target_s if args.target_time is None else args.target_time,
         point_budget_s=budget if args.point_budget is None else args.point_budget,
         ceiling_sizes=ceiling_sizes,
-        plots=args.plots, peers=peer_names, force=args.force)
+        plots=args.plots, peers=peer_names, force=args.force, family=family, d_ff=d_ff, n_kv_heads=n_kv_heads)
 
 
 def not_written_by_tblock(folder: Path) -> list[str]:

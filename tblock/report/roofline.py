@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import BlockConfig
-from ..counting import flops
+from ..counting import flops, param_breakdown
+from .family import block_config
 
 BYTE_MODEL = (
     "bytes = what a call must move at least: its inputs, its weights and its output once each, in "
@@ -35,17 +36,14 @@ LEVEL_MODEL = (
 NOISE_PCT = 5.0
 
 
-def report_cfg(cfg_d: dict) -> BlockConfig:
-    """The swept block's config from report.json's "config" (the report builds it this way)."""
-    return BlockConfig(d_model=cfg_d["d_model"], n_heads=cfg_d["n_heads"], causal=cfg_d["causal"])
-
-
 def weight_elements(cfg: BlockConfig) -> dict[str, int]:
-    """Parameters each component reads (tblock.backends.components' components)."""
-    d, f = cfg.d_model, cfg.d_ff
-    ln = 2 * d if cfg.ln_affine else 0                  # one LayerNorm's gamma and beta
-    attn = 4 * d * d + (4 * d if cfg.attn_bias else 0)
-    ffn = 2 * d * f + (f + d if cfg.ffn_bias else 0)
+    """Parameters each component reads (tblock.backends.components' components), as
+    tblock.counting counts them: grouped-query W_K, W_V of d_kv columns, the gated FFN's
+    third matrix, RMSNorm's gamma alone."""
+    parts = param_breakdown(cfg)
+    ln = parts["ln_affine"] // 2 if cfg.ln_affine else 0      # one norm's gamma (and beta)
+    attn = parts["attention"] + (parts["attn_bias"] if cfg.qkv_bias else 0)
+    ffn = parts["ffn"] + (parts["ffn_bias"] if cfg.ffn_bias else 0)
     return {"layernorm": ln, "softmax": 0, "attention_core": 0, "attention": attn, "ffn": ffn,
             "block": attn + ffn + 2 * ln}
 
@@ -56,7 +54,7 @@ def component_bytes(cfg: BlockConfig, T: int, component: str, itemsize: int) -> 
     if component == "softmax":
         read = H * (T * (T + 1) // 2 if cfg.causal else T * T)
         return (read + H * T * T) * itemsize
-    inputs = 3 * T * d if component == "attention_core" else T * d
+    inputs = T * (d + 2 * cfg.d_kv) if component == "attention_core" else T * d      # Q; K, V of d_kv
     return (inputs + weight_elements(cfg)[component] + T * d) * itemsize
 
 
@@ -70,9 +68,9 @@ def decode_flops(cfg: BlockConfig, context: int) -> int:
 
 def decode_bytes(cfg: BlockConfig, context: int, itemsize: int) -> int:
     """Bytes of that step at least: its row in and out, every weight, and the keys and values
-    of ``context`` tokens (context - 1 read from the cache, its own written)."""
+    of ``context`` tokens (context - 1 read from the cache, its own written), d_kv wide each."""
     d = cfg.d_model
-    return (2 * d + weight_elements(cfg)["block"] + 2 * context * d) * itemsize
+    return (2 * d + weight_elements(cfg)["block"] + 2 * context * cfg.d_kv) * itemsize
 
 
 def memory_level(nbytes: int, bandwidth: list[dict]) -> tuple[str, float]:
@@ -108,7 +106,7 @@ def add_roofline(data: dict) -> None:
     """Place every component row of every backend, and the decode step, under its roof;
     data["roofline"] holds the models and the points above their roof (beyond NOISE_PCT)."""
     lim = data["limits"]
-    cfg = report_cfg(data["config"])
+    cfg = block_config(data["config"])
     itemsize = np.dtype(data["config"]["dtype"]).itemsize
     above = []
     for b, rec in data["backends"].items():

@@ -54,7 +54,7 @@ def estimate_point_s(rows: list, T_next: int, cfg: BlockConfig, repeats: int, sq
 def prepare_all(opts: ReportOptions) -> dict:
     """Every backend's components, prepared once (this imports each library, so the thread
     pinning that follows reaches every BLAS and OpenMP pool they load)."""
-    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    cfg = opts.block()
     weights = init_weights(cfg, seed=opts.seed, dtype=np.dtype(opts.dtype))
     sets = {}
     for b in opts.backends:
@@ -69,7 +69,7 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None,
     results. Backend by backend, so one library's idle-spinning thread pool (OpenBLAS spins
     for a while after each call) does not steal cores from the next library's calls;
     ``between()``, when given, runs after each backend's sweep."""
-    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    cfg = opts.block()
     dtype = np.dtype(opts.dtype)
     kind = "causal" if cfg.causal else "full"
     per_backend = {}
@@ -123,10 +123,12 @@ def run_sweep(opts: ReportOptions, sets: dict, progress: Progress | None = None,
         rec["sweep_s"] = time.perf_counter() - t_backend
         if between:
             between()
-    return {"config": {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_k": cfg.d_k, "d_ff": cfg.d_ff,
-                       "causal": cfg.causal, "norm": cfg.norm, "activation": cfg.activation,
-                       "dtype": str(dtype), "batch": 1},
-            "backends": per_backend}
+    return {"config": opts.config(), "backends": per_backend}
+
+
+# why the whole-block peers are not run for a block beyond the lesson's
+PEERS_LESSON_ONLY = ("the whole-block peers are built for the lesson's block only (LayerNorm, the two-matrix "
+                     "FFN, no rotary, n_kv_heads = n_heads), not this one")
 
 
 def run_peers(opts: ReportOptions, progress: Progress | None = None) -> dict:
@@ -134,12 +136,12 @@ def run_peers(opts: ReportOptions, progress: Progress | None = None) -> dict:
     after a check against the numpy oracle: {name: {label, version, available, reason,
     build_s, results}}. Run after the sweep: importing OpenVINO loads TBB, which Numba would
     take for its threading layer if its pool had not started yet."""
-    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=opts.causal)
+    cfg = opts.block()
     names = peers.PEERS if opts.peers is None else opts.peers
     versions = peers.peer_versions()
     out = {}
     for name in names:
-        ok, why = peers.peer_status(name)
+        ok, why = (False, PEERS_LESSON_ONLY) if not cfg.lesson_block else peers.peer_status(name)
         if ok and opts.dtype != "float32":
             ok, why = False, "peers run in float32 only"
         rec = out[name] = {"label": peers.LABELS[name], "available": ok, "reason": why or None,
@@ -205,7 +207,7 @@ def time_decode(opts: ReportOptions, backends: dict) -> dict:
     if not ran:
         return {**rec, "status": "n/a", "reason": "the numba backend's block was not timed in this sweep"}
     L = rec["context"] = max(ran)
-    cfg = BlockConfig(d_model=opts.d_model, n_heads=opts.n_heads, causal=True)
+    cfg = opts.block()                  # causal: checked above
     dtype = np.dtype(opts.dtype)
     weights = init_weights(cfg, seed=opts.seed, dtype=dtype)
     X = components.make_inputs(cfg, L, dtype, seed=opts.seed + L, components=["block"])["block"][0][None]  # (1, L, d)
