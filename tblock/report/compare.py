@@ -50,10 +50,11 @@ def _limit_rows(a: dict, b: dict) -> list[str]:
 
 def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
     L = [f"A: {name_a}", f"   {_who(a)}", f"B: {name_b}", f"   {_who(b)}"]
-    diffs = [k for k in ("d_model", "n_heads", "causal", "dtype") if a["config"].get(k) != b["config"].get(k)]
+    ca, cb = _config(a), _config(b)
+    diffs = [k for k in ("family", "d_model", "n_heads", "n_kv_heads", "d_ff", "causal", "dtype") if ca.get(k) != cb.get(k)]
     if diffs:
         L.append("warning: the configs differ in " + ", ".join(
-            f"{k} ({a['config'].get(k)} vs {b['config'].get(k)})" for k in diffs) + "; ratios compare unlike things")
+            f"{k} ({ca.get(k)} vs {cb.get(k)})" for k in diffs) + "; ratios compare unlike things")
     L += ["", f"{'limit (GFLOP/s, GB/s)':<28}{'A':>12}{'B':>12}{'B/A':>8}"] + _limit_rows(a, b)
     L += ["", f"{'crossover T (measured)':<28}{'A sublayer':>12}{'B sublayer':>12}{'A core':>12}{'B core':>12}"]
     for be in dict.fromkeys(list(a["backends"]) + list(b["backends"])):
@@ -87,7 +88,15 @@ def compare_text(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
     return "\n".join(L)
 
 
+def _config(d: dict) -> dict:
+    """A report's "config" with what reports before the families left out filled in: the
+    lesson's block, as many K/V heads as heads, d_ff 4 d_model."""
+    c = d["config"]
+    return {"family": "lesson", "n_kv_heads": c.get("n_heads"), "d_ff": 4 * c.get("d_model", 0), **c}
+
+
 def _who(d):
-    m, c = d["machine"], d["config"]
-    return (f"{m['date']}, {m['cpu']}, {d['threads']['requested']} threads; d_model={c['d_model']}, "
+    m, c = d["machine"], _config(d)
+    family = "" if c["family"] == "lesson" else f"{c['family']} block (d_ff={c['d_ff']}, {c['n_kv_heads']} K/V heads), "
+    return (f"{m['date']}, {m['cpu']}, {d['threads']['requested']} threads; {family}d_model={c['d_model']}, "
             f"n_heads={c['n_heads']}, {c['dtype']}, {'causal' if c['causal'] else 'full square'}")

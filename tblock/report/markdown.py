@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..backends.components import COMPONENTS
 from .analysis import median_times
-from .cells import LABELS, flops_text, fmt_T, fmt_value, ms, table  # noqa: F401  (fmt_T: compare imports it from here)
+from .cells import (LABELS, crossover_formulas, flops_text, fmt_T, fmt_value, lesson_shape, ms,  # noqa: F401
+                    plain, table)  # (fmt_T: compare imports it from here)
 from .roofline_text import limits_lines, limits_section, roofline_section
 
 def render_markdown(data: dict) -> str:
@@ -30,9 +31,7 @@ def _header(data: dict) -> list[str]:
          + ".",
          f"- **BLAS**: " + "; ".join(_blas_line(b) for b in m["blas"]) + ".",
          f"- **Threads**: {_threads_line(data['threads'])}.",
-         f"- **Block**: d_model={cfg['d_model']}, n_heads={cfg['n_heads']} (d_k={cfg['d_k']}), d_ff={cfg['d_ff']}, "
-         f"{'causal' if cfg['causal'] else 'no mask (full square)'}, {cfg['norm']}-LN, {cfg['activation']}, "
-         f"no biases; inputs {cfg['dtype']}, one sequence (B=1).",
+         _block_line(cfg),
          f"- **Parameters per block**: {data['params']['config']:,}; the lesson's toy (d_model=8, d_ff=32) "
          f"{data['params']['toy']} (lesson: 808), {data['params']['toy_ln_affine']} with LN affines (lesson: 840).",
          f"- **Sweep** ({opts['mode']}): T = {', '.join(str(T) for T in data['T'])}; median of {opts['repeats']} "
@@ -48,6 +47,21 @@ def _header(data: dict) -> list[str]:
     return L + [""]
 
 
+def _block_line(cfg: dict) -> str:
+    """The swept block: its shape and, beyond the lesson's, each of its variants."""
+    mask = "causal" if cfg["causal"] else "no mask (full square)"
+    if cfg.get("family", "lesson") == "lesson":
+        return (f"- **Block**: d_model={cfg['d_model']}, n_heads={cfg['n_heads']} (d_k={cfg['d_k']}), "
+                f"d_ff={cfg['d_ff']}, {mask}, {cfg['norm']}-LN, {cfg['activation']}, "
+                f"no biases; inputs {cfg['dtype']}, one sequence (B=1).")
+    group = cfg["n_heads"] // cfg["n_kv_heads"]
+    return (f"- **Block** (`--family {cfg['family']}`): d_model={cfg['d_model']}, n_heads={cfg['n_heads']} "
+            f"(d_k={cfg['d_k']}), n_kv_heads={cfg['n_kv_heads']} (grouped-query: d_kv={cfg['d_kv']}, {group} query "
+            f"head{'s' if group > 1 else ''} per K/V head), d_ff={cfg['d_ff']}, {mask}, {cfg['norm']}-norm RMSNorm "
+            f"with gamma (the layernorm component times it), SwiGLU FFN (silu(X W_gate) ⊙ X W_up) W_down, rotary "
+            f"positions on Q and K (θ={cfg['rope_theta']:g}), no biases; inputs {cfg['dtype']}, one sequence (B=1).")
+
+
 def _crossovers(data: dict) -> list[str]:
     """The measured crossovers per backend next to the FLOP model's, and how to read them."""
     cfg, fm = data["config"], data["flop_model"]
@@ -61,14 +75,23 @@ def _crossovers(data: dict) -> list[str]:
     L = ["## Crossover: where attention's time overtakes the FFN's", ""]
     L += table(["backend", "attention sublayer = FFN, measured T", "attention core = FFN, measured T",
                  "core GFLOP/s ÷ FFN GFLOP/s there", f"FLOP model {model_T:,.0f} × that rate ratio"], rows)
-    return L + ["", f"FLOP model (tblock.flops), d_model={cfg['d_model']}:", "",
-                f"- attention **core** (scores + softmax + AV) against the FFN's two matmuls, `tblock.crossover_T`: "
-                f"T = {fm['crossover_T_full']:,.0f} = 4·d_model for the full square, "
-                f"T = {fm['crossover_T_causal']:,.0f} ≈ 8·d_model causal;",
-                f"- the whole attention **sublayer** (with its four d_model x d_model projections) against the whole FFN: "
-                f"T ≈ {fm['sublayer_crossover_T_full']:,.0f} (≈ 2·d_model) full square, "
-                f"T ≈ {fm['sublayer_crossover_T_causal']:,.0f} (≈ 4·d_model) causal.",
-                "", READING, ""]
+    full, causal = crossover_formulas(cfg)
+    d = cfg["d_model"]
+    sub = [fm[f"sublayer_crossover_T_{k}"] for k in ("full", "causal")]
+    sub_terms = ("2·d_model", "4·d_model") if lesson_shape(cfg) else tuple(f"{T / d:.2g}·d_model" for T in sub)
+    gqa = cfg.get("n_kv_heads", cfg["n_heads"]) != cfg["n_heads"]
+    projections = ("W_Q and W_O d_model x d_model, W_K and W_V d_model x d_kv" if gqa
+                   else "four d_model x d_model projections")
+    matmuls = "three" if cfg.get("ffn") == "gated" else "two"
+    return L + ["", f"FLOP model (tblock.flops), d_model={d}" + (f", d_ff={cfg['d_ff']}" if not lesson_shape(cfg) else "")
+                + ":", "",
+                f"- attention **core** (scores + softmax + AV) against the FFN's {matmuls} matmuls, `tblock.crossover_T`: "
+                f"T = {fm['crossover_T_full']:,.0f} {full} for the full square, "
+                f"T = {fm['crossover_T_causal']:,.0f} {causal} causal;",
+                f"- the whole attention **sublayer** (with its {projections}) against the whole FFN: "
+                f"T ≈ {sub[0]:,.0f} (≈ {sub_terms[0]}) full square, "
+                f"T ≈ {sub[1]:,.0f} (≈ {sub_terms[1]}) causal.",
+                "", READING, ""] + ([FAMILY_READING[cfg["family"]], ""] if cfg.get("family") in FAMILY_READING else [])
 
 
 READING = (
@@ -83,6 +106,18 @@ READING = (
     "work, which in the causal count shows as half the rate, and it crosses near 4·d_model; a kernel that "
     "skips masked tiles can push it towards 8·d_model. An FFN that is slow for its FLOPs (elementwise "
     "GELU passes in float64) pushes the crossover up instead.")
+
+
+# what the crossover means for a block beyond the lesson's (only llama today)
+FAMILY_READING = {"llama": (
+    "The Llama-family block. Its FFN is gated (SwiGLU): three d_model x d_ff matrices, 6 T d_model d_ff "
+    "FLOPs, so scores + AV catch up with it at T = 1.5·d_ff (full square) or 3·d_ff − 1 (causal) rather "
+    "than d_ff and 2·d_ff − 1; with d_ff ≈ 8/3 d_model, the width Llama and SmolLM2 choose so the three "
+    "matrices hold the two-matrix FFN's parameters, that is 4·d_model and 8·d_model again. Grouped-query "
+    "attention does not move the core's crossover: every query head still scores and mixes d_k columns, "
+    "it only reads fewer distinct K/V heads. It shrinks W_K and W_V, so the sublayer's projection FLOPs "
+    "(which moves the sublayer crossover), and the KV cache a decode step reads. Rotary positions are counted "
+    "with the Q/K projections (3 FLOPs per turned element), RMSNorm as 3 FLOPs per element plus gamma.")}
 
 
 def _ratios(data: dict) -> list[str]:
@@ -224,12 +259,19 @@ def peers_markdown(data: dict) -> list[str]:
                   f"{ms(first)}{' (where it compiles)' if p['label'] == 'torch.compile' else ''}" +
                   "".join(f"; T={r['T']} {r['status']} ({r.get('reason')})" for r in p["results"]
                           if r["status"] not in ("ok", "skipped")) + "."]
-        else:
-            L += [f"- {p['label']}: not run ({p['reason']})."]
-    L += [""]
+    L += [f"- {', '.join(labels)}: not run ({why})." for why, labels in not_run(ps).items()] + [""]
     if any(p["results"] for p in ps.values()):
         L += table(*peer_rows(data)) + [""]
     return L
+
+
+def not_run(ps: dict) -> dict[str, list[str]]:
+    """The peers that did not run, grouped by why: {reason: [label, ...]}."""
+    out = {}
+    for p in ps.values():
+        if not p["available"]:
+            out.setdefault(p["reason"], []).append(p["label"])
+    return out
 
 
 def _crossing_cell(x: dict) -> str:
@@ -296,8 +338,10 @@ def summary_text(data: dict) -> str:
     lines += [f"parameters per block: d_model=8, d_ff=32: {p['toy']} (lesson 808), with LN affines "
               f"{p['toy_ln_affine']} (lesson 840); d_model={cfg['d_model']}: {p['config']:,}", ""]
     lines += limits_lines(data) + [""]
-    lines += [f"crossover, d_model={cfg['d_model']} ({'causal' if cfg['causal'] else 'full square'}): FLOP model core=FFN "
-              f"{fm['crossover_T_full']:.0f} full (4*d_model), {fm['crossover_T_causal']:.0f} causal (~8*d_model); "
+    full, causal = (plain(f).lstrip("= ") for f in crossover_formulas(cfg))
+    family = "" if lesson_shape(cfg) else f", {cfg.get('family', 'lesson')} block, d_ff={cfg['d_ff']}"
+    lines += [f"crossover, d_model={cfg['d_model']}{family} ({'causal' if cfg['causal'] else 'full square'}): FLOP model "
+              f"core=FFN {fm['crossover_T_full']:.0f} full ({full}), {fm['crossover_T_causal']:.0f} causal ({causal}); "
               f"sublayer=FFN {fm['sublayer_crossover_T_full']:.0f} full, {fm['sublayer_crossover_T_causal']:.0f} causal"]
     for b, rec in data["backends"].items():
         s, c = rec["crossover"]["attention_vs_ffn"], rec["crossover"]["core_vs_ffn"]
@@ -321,8 +365,8 @@ def summary_text(data: dict) -> str:
         widths = [max(len(str(c)) for c in col) + 2 for col in zip(header, *rows)]
         lines += ["", "whole block against its peers (median time per call, float32)"]
         lines += ["   " + "".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in [header] + rows]
-    not_run = [f"{p['label']} ({p['reason']})" for p in data.get("peers", {}).values() if not p["available"]]
-    if not_run:
-        lines += ["", "peers not run: " + "; ".join(not_run)]
+    skipped = not_run(data.get("peers", {}))
+    if skipped:
+        lines += ["", "peers not run: " + "; ".join(f"{', '.join(labels)} ({why})" for why, labels in skipped.items())]
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..backends.components import BACKENDS, COMPONENTS
 from .analysis import median_times
-from .cells import LABELS
+from .cells import LABELS, block_text, crossover_formulas
 from .options import PLOTS
 
 COLORS = dict(zip(COMPONENTS, ("tab:gray", "tab:purple", "tab:orange", "tab:red", "tab:blue", "black")))
@@ -39,11 +39,20 @@ def write_plots(data: dict, folder: Path) -> dict:
     return {"files": list(PLOTS), "reason": None}
 
 
-def _model_lines(ax, fm):
+def _model_lines(ax, data):
+    """The FLOP model's core = FFN crossovers (tblock.crossover_T), full square and causal."""
+    fm = data["flop_model"]
+    full, causal = (f.lstrip("= ") for f in crossover_formulas(data["config"]))
     ax.axvline(fm["crossover_T_full"], color="tab:green", ls="--", lw=0.8,
-               label=f"FLOP model core = FFN, full: {fm['crossover_T_full']:.0f} (4·d)")
+               label=f"FLOP model core = FFN, full: {fm['crossover_T_full']:.0f} ({full})")
     ax.axvline(fm["crossover_T_causal"], color="tab:green", ls=":", lw=0.8,
-               label=f"FLOP model core = FFN, causal: {fm['crossover_T_causal']:.0f} (≈8·d)")
+               label=f"FLOP model core = FFN, causal: {fm['crossover_T_causal']:.0f} ({causal})")
+
+
+def _block(cfg) -> str:
+    """A title's words for the swept block: its variant beyond the lesson's, if any."""
+    text = block_text(cfg)
+    return f"; {text}" if text else ""
 
 
 def _log_axes(ax, xlabel, ylabel, title):
@@ -68,13 +77,13 @@ def _time_vs_T(data, Figure):
             if t:
                 Ts = sorted(t)
                 ax.plot(Ts, [t[T] for T in Ts], "o-", ms=3, color=COLORS[c], label=TIME_LABELS.get(c, LABELS[c]))
-        _model_lines(ax, data["flop_model"])
+        _model_lines(ax, data)
         for key, color, what in (("attention_vs_ffn", "tab:red", "attention"), ("core_vs_ffn", "tab:orange", "core")):
             x = data["backends"][b]["crossover"][key]
             if x["T"]:
                 ax.axvline(x["T"], color=color, lw=1.2, label=f"measured {what} = FFN: {x['T']:.0f}")
         _log_axes(ax, "T (tokens)", "median time per call (s)",
-                  f"{b}: time per component, d_model={cfg['d_model']}, {cfg['dtype']}")
+                  f"{b}: time per component, d_model={cfg['d_model']}, {cfg['dtype']}{_block(cfg)}")
         ax.legend(**OUTSIDE)
     return fig
 
@@ -90,8 +99,8 @@ def _flops_vs_T(data, Figure):
         ax.plot(Ts, [data["flops"][str(T)][k][c] for T in Ts], "o-", ms=3, color=COLORS[c], label=LABELS[c])
         if cfg["causal"]:
             ax.plot(Ts, [data["flops"][str(T)]["full"][c] for T in Ts], ":", color=COLORS[c], lw=0.8)
-    _model_lines(ax, data["flop_model"])
-    _log_axes(ax, "T (tokens)", "FLOPs per call", f"FLOPs per component, d_model={cfg['d_model']} "
+    _model_lines(ax, data)
+    _log_axes(ax, "T (tokens)", "FLOPs per call", f"FLOPs per component, d_model={cfg['d_model']}{_block(cfg)} "
               f"({k} count solid" + (", full square dotted)" if cfg["causal"] else ")"))
     ax.legend(**OUTSIDE)
     return fig
@@ -181,7 +190,7 @@ def _roofline(data, Figure):
     ys = [p[4] for p in pts] + [x0 * min(lv["read_GBs"] for lv in lim["bandwidth"])]
     ax.set_ylim(min(ys) / 2, top * 2)
     _log_axes(ax, "arithmetic intensity (FLOPs per byte moved at least)", "GFLOP/s",
-              f"Roofline: d_model={cfg['d_model']}, {cfg['dtype']}, T={Ts[0]}..{Ts[-1]} (marker size grows with T)\n"
+              f"Roofline: d_model={cfg['d_model']}{_block(cfg)}, {cfg['dtype']}, T={Ts[0]}..{Ts[-1]} (marker size grows with T)\n"
               f"{data['machine']['cpu']}, {lim['isa']['name']} path, {lim['threads']} threads")
     ax.legend(**OUTSIDE)
     return fig
