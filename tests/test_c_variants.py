@@ -37,8 +37,8 @@ TRACE = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid", "H_norm2
 
 
 def variant_weights(cfg, rng, dtype=np.float64) -> tblock.BlockWeights:
-    """Every weight ``cfg`` needs, drawn from ``rng``: the lesson's scales for the matrices,
-    biases and gains bounded away from 0 so that each one matters."""
+    """Every weight ``cfg`` needs, drawn from ``rng``: matrices N(0, 1/fan_in), biases and gains
+    bounded away from 0 so that each one matters (conftest.random_weights knows the lesson's only)."""
     names = ["w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2"] + (["w_gate"] if cfg.ffn == "gated" else [])
     if cfg.ffn_bias:
         names += ["b_ff1", "b_ff2"] + (["b_gate"] if cfg.ffn == "gated" else [])
@@ -492,7 +492,8 @@ def test_raw_cache_holds_the_kv_heads_only_keys_rotated():
     assert np.array_equal(K[0].transpose(1, 0, 2).reshape(5, 8), tr.K[0])
     assert np.array_equal(V[0].transpose(1, 0, 2).reshape(5, 8), tr.V[0])
     with pytest.raises(cb.CRefError, match="TB_ERR_CACHE_SIZE"):
-        cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w, scratch, lens={"K_cache": K.size - 1})
+        cb.call_block_forward_cached_raw(out, H, 1, 5, 0, 5, K, V, fields, w, scratch,
+                                         lens={"K_cache": K.size - 1})
 
 
 # ---------------------------------------------------------------------------------------
