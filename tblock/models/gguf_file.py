@@ -31,11 +31,12 @@ tblock's stored formats hold a (d_in, d_out) matrix, so the QuantizedMatrix has 
 (n_in, n_out) and its ``data`` is the file's bytes.  Any other type is refused when read,
 naming the tensor and its type; a file with them still opens (its layout is checked).
 
-This is tblock's own reader rather than the ``gguf`` package's GGUFReader: that reader
-memory-maps the file and builds its arrays from the header's counts (a hostile header
-makes it fault or fail with NumPy's errors, naming no file), and it would be a runtime
-dependency for a format that takes a few hundred lines to read safely.  The tests use the
-gguf package as an independent writer and reader.
+This is tblock's own reader rather than the ``gguf`` package's GGUFReader, which takes the
+header's counts on trust: with gguf 0.19 a huge tensor count fails with NumPy's IndexError
+(no file named), a string longer than the file is accepted cut short, and a huge array count
+makes it allocate until the process is killed.  It would also be a runtime dependency for a
+format that takes a few hundred lines to read safely.  The tests use the gguf package as an
+independent writer and reader.
 """
 
 from __future__ import annotations
