@@ -125,7 +125,8 @@ def test_every_tensor_type_reads_to_its_values(tmp_path, rng):
     a = g.read("f32")
     assert a.dtype == np.float32 and np.array_equal(a, A)
     assert np.array_equal(g.read("f16"), half.astype(np.float64))
-    assert np.array_equal(g.read("vec"), np.arange(7)) and np.array_equal(g.read("cube"), np.arange(192).reshape(3, 2, 32))
+    assert np.array_equal(g.read("vec"), np.arange(7))
+    assert np.array_equal(g.read("cube"), np.arange(192).reshape(3, 2, 32))
     assert np.array_equal(g.read("bf1"), (bf_vec.astype(np.uint32) << 16).view(np.float32))
     for name, fmt, decode in (("q8", "int8", decode_q8_0), ("q4", "int4", decode_q4_0), ("bf", "bf16", None)):
         m = g.read(name)
