@@ -171,7 +171,9 @@ def _q8_0(X: np.ndarray) -> np.ndarray:
     x = X.reshape(rows, d_in // QBLOCK, QBLOCK)
     d, inv = _scales(np.abs(x).max(axis=2), 127.0)
     v = x * inv[..., None]
-    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int8)     # C's roundf
+    # C's roundf (half away from zero); the + 0.5 in float64 is exact, where float32's would
+    # round 0.5 - 2^-25 up to 1
+    q = (np.sign(v) * np.floor(np.abs(v).astype(np.float64) + 0.5)).astype(np.int8)
     out = np.empty((rows, d_in // QBLOCK, BLOCK_BYTES["int8"]), np.uint8)
     out[..., :2] = d.astype("<f2")[..., None].view(np.uint8)
     out[..., 2:] = q.view(np.uint8)

@@ -151,5 +151,5 @@ def test_bias_shape_dtype_and_values_are_checked():
         tblock.BlockWeights(**{**a, "b_k": np.zeros(8, np.int64)})
     with pytest.raises(ValueError, match="b_q must be finite, found nan at index"):
         tblock.BlockWeights(**{**a, "b_q": np.full(8, np.nan, np.float32)})
-    with pytest.raises(TypeError, match="attn_bias must be a bool"):
+    with pytest.raises(TypeError, match="attn_bias must be True, False or 'qkv', got int 1"):
         tblock.BlockConfig(d_model=8, n_heads=2, attn_bias=1)

@@ -208,10 +208,9 @@ def test_files_the_gguf_package_writes(tmp_path_factory, fmt, blocks, rows, scal
     assert g.metadata["general.architecture"] == "llama"
 
 
-@pytest.mark.xfail(strict=True, reason="tblock.formats' Q8_0 rounds x * (1/d) = +-0.49999997 (0.5 - 2**-25) "
-                                       "to +-1, ggml's roundf (and gguf.quants' np_roundf) to 0: a float32 "
-                                       "floor(|v| + 0.5) rounds that sum up to 1.0")
 def test_q8_0_rounds_as_ggml_at_just_below_one_half():
+    """x * (1/d) = +-0.49999997 (0.5 - 2**-25) rounds to 0 as ggml's roundf does (a float32
+    floor(|v| + 0.5) rounded that sum up to 1.0)."""
     W = np.zeros((32, 1), np.float32)
     W[0, 0] = 127                                    # d = 1, so q = roundf(x)
     W[1, 0] = np.float32(0.5) - np.float32(2**-25)

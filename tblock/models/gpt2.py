@@ -34,10 +34,12 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..config import BlockConfig, check_bool, check_int
-from ..formats import check_dot, check_format, quantize_matrix
-from ..weights import BlockWeights, check_finite, quantize
+from ..formats import QuantizedMatrix
+from ..weights import BlockWeights, check_finite
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
+from .gguf import split_outputs
+from .stored import head_format, stored_block, stored_head
 
 # Hugging Face's activation names -> BlockConfig's; gelu_new and gelu_pytorch_tanh are both
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu" is the exact erf form
@@ -231,26 +233,19 @@ def read_gpt2(ckpt: Checkpoint, cfg: GPT2Config, dtype=np.float32) -> dict[str, 
 
 
 def _block_from_hf(t: dict, i: int, d: int) -> BlockWeights:
-    """Block i's BlockWeights from the checkpoint's tensors (Conv1D weights are (in, out))."""
+    """Block i's BlockWeights from the checkpoint's tensors (Conv1D weights are (in, out),
+    float arrays or stored QuantizedMatrix)."""
     p = f"h.{i}."
-    w_qkv, b_qkv = t[p + "attn.c_attn.weight"], t[p + "attn.c_attn.bias"]   # (d, 3d): [q | k | v]
+    w_q, w_k, w_v = split_outputs(t[p + "attn.c_attn.weight"], (d, d, d))   # (d, 3d): [q | k | v]
+    b_qkv = t[p + "attn.c_attn.bias"]
     return BlockWeights(
-        w_q=w_qkv[:, :d], w_k=w_qkv[:, d:2 * d], w_v=w_qkv[:, 2 * d:],
-        b_q=b_qkv[:d], b_k=b_qkv[d:2 * d], b_v=b_qkv[2 * d:],
+        w_q=w_q, w_k=w_k, w_v=w_v, b_q=b_qkv[:d], b_k=b_qkv[d:2 * d], b_v=b_qkv[2 * d:],
         w_o=t[p + "attn.c_proj.weight"], b_o=t[p + "attn.c_proj.bias"],
         w_ff1=t[p + "mlp.c_fc.weight"], b_ff1=t[p + "mlp.c_fc.bias"],
         w_ff2=t[p + "mlp.c_proj.weight"], b_ff2=t[p + "mlp.c_proj.bias"],
         ln1_gamma=t[p + "ln_1.weight"], ln1_beta=t[p + "ln_1.bias"],
         ln2_gamma=t[p + "ln_2.weight"], ln2_beta=t[p + "ln_2.bias"],
     )
-
-
-def _stored(w: BlockWeights, fmt: str, dot: str, i: int, root) -> BlockWeights:
-    """Block i's weights with its matrices in format ``fmt``; an error names the block."""
-    try:
-        return quantize(w, fmt, dot)
-    except ValueError as e:         # a d_in the 32-input blocks do not divide, a value too large
-        raise ValueError(f"{root}: block {i} cannot be stored as {fmt}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- the model
@@ -298,30 +293,25 @@ class GPT2(CausalLM):
         ``dot``: how products with the stored matrices (blocks and head) are computed,
         tblock.formats' "fp32" (the default) or "int8" (inputs rounded to int8 blocks, as
         llama.cpp computes; int8 and int4 matrices only)."""
-        check_format(weights, "weights")
-        if head_weights is None:
-            head_weights = "int8" if weights == "int4" else weights
-        check_format(head_weights, "head_weights")
-        if dot != "fp32":
-            check_dot(dot, weights)
-            check_dot(dot, head_weights, f"dot (with head_weights={head_weights!r})")
-        dtype = check_dtype(dtype)
-        for name, fmt in (("weights", weights), ("head_weights", head_weights)):
-            if fmt != "fp32" and dtype != np.float32:
-                raise ValueError(f"{name}={fmt!r} computes in float32: dtype must be float32, got {dtype}")
         ckpt = Checkpoint(path)
         cfg = GPT2Config.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
-        t = read_gpt2(ckpt, cfg, dtype)
-        blocks = [_block_from_hf(t, i, cfg.n_embd) for i in range(cfg.n_layer)]
-        if weights != "fp32":
-            blocks = [_stored(b, weights, dot, i, ckpt.root) for i, b in enumerate(blocks)]
-        wte = t["wte.weight"]
-        if head_weights != "fp32":
-            try:
-                wte = quantize_matrix(wte.T, head_weights, name="wte", dot=dot)     # wte^T: a row a token
-            except ValueError as e:
-                raise ValueError(f"{ckpt.root}: wte cannot be stored as {head_weights}: {e}") from None
-        return cls(cfg, wte, t["wpe.weight"], blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
+        dtype = check_dtype(dtype)
+        head_format(weights, head_weights, dot, dtype)      # every format argument checked before a read
+        return cls.from_tensors(cfg, read_gpt2(ckpt, cfg, dtype), dtype, weights=weights,
+                                head_weights=head_weights, dot=dot, where=str(ckpt.root))
+
+    @classmethod
+    def from_tensors(cls, cfg: GPT2Config, t: dict, dtype=np.float32, *, weights: str = "fp32",
+                     head_weights: str | None = None, dot: str = "fp32", where: str = "") -> "GPT2":
+        """The model from tensors by their names without ``transformer.`` (float arrays, or
+        stored QuantizedMatrix: a GGUF file's, kept as stored; a stored wpe is widened)."""
+        head_weights = head_format(weights, head_weights, dot, dtype)
+        blocks = [stored_block(_block_from_hf(t, i, cfg.n_embd), weights, dot, i, where) for i in range(cfg.n_layer)]
+        wte = stored_head(t["wte.weight"], head_weights, dot, "wte", where)
+        wpe = t["wpe.weight"]
+        if isinstance(wpe, QuantizedMatrix):            # positions are added, not multiplied: floats
+            wpe = wpe.dequantize(np.float32).T
+        return cls(cfg, wte, wpe, blocks, t["ln_f.weight"], t["ln_f.bias"], dtype)
 
     @classmethod
     def init(cls, config: GPT2Config, seed, dtype=np.float32) -> "GPT2":

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from ..config import BlockConfig, check_bool, check_int
-from ..formats import QuantizedMatrix, check_dot, check_format, quantize_matrix
-from ..weights import BlockWeights, quantize
+from ..formats import QuantizedMatrix
+from ..weights import BlockWeights
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
+from .stored import head_format, stored_block, stored_head
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -280,6 +281,7 @@ class Llama(CausalLM):
         ckpt = Checkpoint(path)
         cfg = LlamaConfig.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
         dtype = check_dtype(dtype)
+        head_format(weights, head_weights, dot, dtype)      # every format argument checked before a read
         return cls.from_tensors(cfg, read_llama(ckpt, cfg, dtype), dtype, weights=weights,
                                 head_weights=head_weights, dot=dot, where=str(ckpt.root))
 
@@ -288,13 +290,11 @@ class Llama(CausalLM):
                      head_weights: str | None = None, dot: str = "fp32", where: str = "") -> "Llama":
         """The model from tensors by Hugging Face name (float (out, in) arrays, or stored
         QuantizedMatrix of shape (in, out): a GGUF file's blocks, kept as stored)."""
-        head_weights = _formats(weights, head_weights, dot, dtype)
-        blocks = [block_from_hf(t, i) for i in range(cfg.num_hidden_layers)]
-        if weights != "fp32":
-            blocks = [_stored(b, weights, dot, i, where) for i, b in enumerate(blocks)]
-        wte = _stored_head(t["model.embed_tokens.weight"], head_weights, dot, "embed_tokens", where)
-        head = None if cfg.tie_word_embeddings else _stored_head(t["lm_head.weight"], head_weights, dot,
-                                                                 "lm_head", where)
+        head_weights = head_format(weights, head_weights, dot, dtype)
+        blocks = [stored_block(block_from_hf(t, i), weights, dot, i, where) for i in range(cfg.num_hidden_layers)]
+        wte = stored_head(t["model.embed_tokens.weight"], head_weights, dot, "embed_tokens", where)
+        head = None if cfg.tie_word_embeddings else stored_head(t["lm_head.weight"], head_weights, dot,
+                                                                "lm_head", where)
         return cls(cfg, wte, blocks, t["model.norm.weight"], head, dtype)
 
     @classmethod
@@ -318,40 +318,3 @@ class Llama(CausalLM):
         elif kw:
             raise TypeError(f"give a LlamaConfig or its keywords, not both (got config and {sorted(kw)})")
         return cls.init(config, seed, dtype)
-
-
-def _formats(weights: str, head_weights: str | None, dot: str, dtype) -> str:
-    """head_weights resolved (None: the blocks', int8 under int4), every format argument checked."""
-    check_format(weights, "weights")
-    head_weights = ("int8" if weights == "int4" else weights) if head_weights is None else head_weights
-    check_format(head_weights, "head_weights")
-    if dot != "fp32":
-        check_dot(dot, weights)
-        check_dot(dot, head_weights, f"dot (with head_weights={head_weights!r})")
-    for name, fmt in (("weights", weights), ("head_weights", head_weights)):
-        if fmt != "fp32" and np.dtype(dtype) != np.float32:
-            raise ValueError(f"{name}={fmt!r} computes in float32: dtype must be float32, got {dtype}")
-    return head_weights
-
-
-def _stored(w: BlockWeights, fmt: str, dot: str, i: int, where: str) -> BlockWeights:
-    """Block i's weights with its matrices in format ``fmt`` (kept if stored so already)."""
-    if w.quantized:
-        if (w.format, w.dot) != (fmt, dot):
-            raise ValueError(f"{where}: block {i} is stored as {w.format} (dot {w.dot}), not {fmt} (dot {dot}): "
-                             f"a stored file's blocks load in their own format")
-        return w
-    try:
-        return quantize(w, fmt, dot)
-    except ValueError as e:
-        raise ValueError(f"{where}: block {i} cannot be stored as {fmt}: {e}") from None
-
-
-def _stored_head(E, fmt: str, dot: str, name: str, where: str):
-    """The embedding or head (vocab, d) in format ``fmt``: its transpose stored, as wte."""
-    if isinstance(E, QuantizedMatrix) or fmt == "fp32":
-        return E
-    try:
-        return quantize_matrix(E.T, fmt, name=name, dot=dot)     # E^T: a row a token
-    except ValueError as e:
-        raise ValueError(f"{where}: {name} cannot be stored as {fmt}: {e}") from None

@@ -36,7 +36,7 @@ import tblock
 from tblock.formats import QuantizedMatrix, quantize_matrix
 from tblock.models.checkpoint import Checkpoint
 from tblock.models.gguf import read_gguf_model
-from tblock.models.llama import Llama, LlamaConfig
+from tblock.models.llama import Llama
 
 pytestmark = pytest.mark.interop
 
@@ -159,8 +159,10 @@ def check_same_tensors(hf_t: dict, t: dict, fmt: str) -> None:
 
 
 def gguf_model(path: Path, fmt: str) -> Llama:
-    hf, t = read_gguf_model(path)
-    return Llama.from_tensors(LlamaConfig.from_hf(hf), t, weights=fmt, head_weights=fmt, where=str(path))
+    """tblock.load of the file, which keeps its stored formats: they must be ``fmt``."""
+    model = tblock.load(path)
+    assert isinstance(model, Llama) and (model.weight_format, model.head_format) == (fmt, fmt)
+    return model
 
 
 @pytest.mark.parametrize("outtype", list(CONVERTED))
@@ -227,3 +229,7 @@ def test_gpt2_converted(tmp_path):
                 assert np.array_equal(got.data, quantize_matrix(W, fmt).data), name
             else:
                 assert np.array_equal(got, want), name
+        ours = tblock.load(tmp_path / f"{outtype}.gguf")          # GPT2, the file's formats kept
+        want = tblock.load(ckpt, weights=fmt, head_weights=fmt)
+        assert isinstance(ours, tblock.GPT2) and ours.weight_format == fmt
+        assert np.array_equal(ours(IDS, backend="numpy"), want(IDS, backend="numpy"))
