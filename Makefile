@@ -4,7 +4,8 @@
 #                 and block tests on every other vector path the CPU can run
 #   make test-fast  the default path's correctness in the inner loop (under 2 minutes on 2
 #                 cores): every test but those marked slow or subprocess (pyproject's markers)
-#   make test-interop  tblock.GPT2 against transformers (installs transformers and CPU torch)
+#   make test-interop  tblock's models against transformers and llama.cpp's converter (installs
+#                 transformers and CPU torch; fetches llama.cpp's sources into ~/.cache)
 #   make test-browser  the demo page (tblock demo) in headless chromium; writes docs/demo.png
 PYTHON ?= python3
 VENV   := .venv
@@ -46,12 +47,37 @@ test-isa: install-test
 	  TBLOCK_ISA=$$isa $(BIN)/pytest -q -m isa || exit 1; \
 	done
 
-# tblock.GPT2 against transformers' GPT2LMHeadModel (tests/interop, which plain pytest skips):
-# the interop extra brings transformers and the CPU torch; `make test` itself needs no torch
-.PHONY: test-interop
-test-interop: install-test
+# tblock's models against transformers' (tests/interop, which plain pytest skips): GPT-2, Llama,
+# Qwen2, Mistral, and GGUF files written by llama.cpp's own converter; the interop extra brings
+# transformers, the CPU torch and what the converter imports; `make test` itself needs no torch
+.PHONY: test-interop test-gguf llama-cpp-tree
+test-interop: install-test llama-cpp-tree
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
-	$(BIN)/pytest -q tests/interop
+	TBLOCK_LLAMA_CPP="$(LLAMA_TREE)" TBLOCK_ENGINES_CACHE="$(ENGINES)" $(BIN)/pytest -q tests/interop
+
+# the GGUF part alone (tests/interop/test_gguf_convert.py, ~2 minutes); its llama-quantize tests
+# run where bench/bench_engines.py has built llama.cpp (else they skip, saying so)
+test-gguf: install-test llama-cpp-tree
+	$(BIN)/python -m pip install --quiet -e ".[interop]"
+	TBLOCK_LLAMA_CPP="$(LLAMA_TREE)" TBLOCK_ENGINES_CACHE="$(ENGINES)" $(BIN)/pytest -q tests/interop/test_gguf_convert.py
+
+# llama.cpp's sources (its converter convert_hf_to_gguf.py) from the llama-cpp-python source
+# package, unpacked once into the engines cache, never the repository; where it cannot be
+# fetched the GGUF tests skip and say so
+LLAMA_CPP_PYTHON ?= 0.3.36
+ENGINES ?= $(or $(TBLOCK_ENGINES_CACHE),$(HOME)/.cache/tblock-engines)
+LLAMA_TREE = $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+LLAMA_SDIST = $(ENGINES)/dl/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+UNTAR = import sys, tarfile; kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}; \
+	tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)
+llama-cpp-tree: $(BIN)/python
+	@if [ ! -f "$(LLAMA_TREE)/convert_hf_to_gguf.py" ]; then \
+	  { [ -f "$(LLAMA_SDIST)" ] || $(BIN)/python -m pip download --quiet --no-binary :all: --no-deps \
+	      "llama-cpp-python==$(LLAMA_CPP_PYTHON)" -d "$(ENGINES)/dl"; } && \
+	  echo "== unpacking $(LLAMA_SDIST)" && \
+	  $(BIN)/python -c '$(UNTAR)' "$(LLAMA_SDIST)" "$(ENGINES)/src" || \
+	  echo "== llama.cpp's sources could not be fetched: the GGUF converter tests will skip"; \
+	fi
 
 # the demo page (tblock demo) in headless chromium (tests/browser, which plain pytest ignores):
 # the browser extra brings selenium; Debian's chromium and chromium-driver come from apt-get
