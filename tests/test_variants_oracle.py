@@ -202,3 +202,10 @@ def test_crossover_of_the_gated_ffn():
     fc = tblock.flops(cfg, Tc)
     assert fc.causal["scores"] + fc.causal["av"] == fc.ffn_matmul_flops     # T = 3 d_ff - 1
     assert tblock.flops(cfg, 4).full["qkv"] == 2 * 4 * 32 * (32 + 2 * 16)   # K, V: d_kv = 16 columns
+
+
+def test_the_torch_reference_refuses_the_variants():
+    pytest.importorskip("torch", reason="the torch backend needs torch (make test-interop installs it)")
+    cfg = cfg_of(norm_type="rmsnorm")
+    with pytest.raises(ValueError, match="nanoGPT's Block, the lesson's block only"):
+        tblock.forward(np.zeros((2, 32)), tblock.init_weights(cfg, 0), cfg, backend="torch")

@@ -118,6 +118,9 @@ def torch_module(w: BlockWeights, cfg: BlockConfig, dtype=np.float32):
 
     if not isinstance(cfg, BlockConfig):
         raise TypeError(f"cfg must be a BlockConfig, got {type(cfg).__name__}")
+    if not cfg.lesson_block:
+        raise ValueError("the torch backend is nanoGPT's Block, the lesson's block only: it computes no "
+                         "RMSNorm, gated FFN, rotary positions, grouped K/V heads or attn_bias='qkv'")
     w.check(cfg)
     dtype = np.dtype(dtype)
     a = w.float_arrays()
