@@ -36,14 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     dem.add_argument("--export", metavar="DIR", help="write a static copy, every toggle precomputed, into DIR")
     dem.add_argument("--force", action="store_true", help="with --export: replace files of the page's names "
                                                           "in DIR that tblock did not write (nothing else is touched)")
-    gen = sub.add_parser("generate", help="continue a prompt with a GPT-2 checkpoint (tblock.GPT2.generate)",
-                         description="Load a GPT-2 checkpoint directory (config.json + safetensors), continue "
-                                     "the prompt, print the ids (and the text, with a tokenizer.json); a "
-                                     "progress line with tokens/s goes to stderr.")
-    gen.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    gen = sub.add_parser("generate", help="continue a prompt with a GPT-2 or Llama-family model (tblock.load)",
+                         description="Load a checkpoint directory (config.json + safetensors: GPT-2, Llama, "
+                                     "Qwen2, Mistral) or a GGUF file, continue the prompt, print the ids (and "
+                                     "the text, with a tokenizer.json beside it); a progress line with "
+                                     "tokens/s goes to stderr.")
+    gen.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory or a .gguf file")
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--ids", type=int, nargs="+", metavar="ID", help="the prompt as token ids")
-    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text: needs CHECKPOINT_DIR/tokenizer.json "
+    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text: needs tokenizer.json in CHECKPOINT "
+                                                         "(or beside the GGUF file) "
                                                          "and the tokenizers package (pip install 'tblock-cpu[text]')")
     gen.add_argument("-n", "--max-new-tokens", type=int, default=50, help="new tokens at most (default 50)")
     gen.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
@@ -54,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "is 50256; default: never stop early)")
     gen.add_argument("--backend", default=None, help="backend of the blocks (default numba)")
     from .formats import FORMATS
-    gen.add_argument("--weights", default="fp32", choices=FORMATS,
-                     help="how the blocks' matrices are stored: quantized on loading (default fp32; "
-                          "the tied embedding and head follow, int8 under int4 blocks)")
+    gen.add_argument("--weights", default=None, choices=FORMATS,
+                     help="how the blocks' matrices are stored: quantized on loading (default: fp32, or a "
+                          "GGUF file's own format; the embedding and head follow, int8 under int4 blocks)")
     gen.add_argument("--dot", default="fp32", choices=("fp32", "int8", "bf16"),
                      help="how products with stored weights are computed: fp32 (default); int8 for int8/int4 "
                           "weights, each input row rounded to int8 blocks as llama.cpp does; bf16 for bf16 "
@@ -74,13 +76,14 @@ def run_generate(args) -> int:
     import time
     from pathlib import Path
 
-    from .models.gpt2 import GPT2
+    from .models.auto import load
 
-    root = Path(args.checkpoint)
+    path = Path(args.checkpoint)
+    root = path.parent if path.is_file() else path      # a GGUF file's tokenizer.json lies beside it
     tokenizer = None
     if args.prompt is not None or (root / "tokenizer.json").is_file():
         tokenizer = _tokenizer(root, needed=args.prompt is not None)
-    model = GPT2.from_pretrained(root, weights=args.weights, dot=args.dot)
+    model = load(path, dot=args.dot, **({} if args.weights is None else {"weights": args.weights}))
     ids = args.ids if args.prompt is None else tokenizer.encode(args.prompt).ids
     if not ids:
         raise ValueError(f"the prompt {args.prompt!r} encodes to no tokens")
@@ -107,7 +110,7 @@ def run_generate(args) -> int:
     draws = "greedy" if args.temperature == 0 else f"seed {seed}"
     sys.stderr.write(f"{chr(13) if tty else ''}{len(new)} tokens in {total:.2f} s: the prefill of {len(ids)} and "
                      f"the first token {first * 1e3:.1f} ms, then {rate} tokens/s "
-                     f"({draws}, backend {args.backend or 'numba'}, weights {args.weights}, dot {args.dot}, "
+                     f"({draws}, backend {args.backend or 'numba'}, weights {model.weight_format}, dot {args.dot}, "
                      f"cache {args.cache})\n")
     out = list(ids) + new
     print(" ".join(str(i) for i in out))
