@@ -28,6 +28,6 @@ def run_bench(name: str, *args) -> subprocess.CompletedProcess:
 
 def pytest_terminal_summary(terminalreporter):
     if ERRORS:
-        terminalreporter.section("tblock.GPT2 vs transformers: max relative error (max |a-b| / max |b|)")
+        terminalreporter.section("tblock's models vs transformers: max relative error (max |a-b| / max |b|)")
         for what in sorted(ERRORS):
             terminalreporter.write_line(f"{what:<62} {ERRORS[what]:.2e}")
