@@ -199,32 +199,11 @@ def read_gpt2(ckpt: Checkpoint, cfg: GPT2Config, dtype=np.float32) -> dict[str, 
         raise ValueError(f"{root}: config.json has n_layer={cfg.n_layer}, but the checkpoint holds only "
                          f"{len(names)} tensors ({BLOCK_TENSORS} a block)")
     want = hf_tensor_shapes(cfg)
-    missing = [n for n in want if n not in names]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ValueError(f"{root}: the checkpoint lacks {', '.join(repr(n) for n in missing[:5])}{more} "
-                         f"(for n_layer={cfg.n_layer})")
-    extra = [names[n] for n in names if n not in want and n != HEAD_NAME]
-    if extra:
-        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-        raise ValueError(f"{root}: unexpected tensor {', '.join(repr(n) for n in extra[:5])}{more} "
-                         f"(a GPT-2 LM with n_layer={cfg.n_layer} has no such weight)")
     if HEAD_NAME in names:
         want[HEAD_NAME] = want["wte.weight"]
-    for c, shape in want.items():               # every shape from the headers, before any read
-        e = ckpt.tensors[names[c]]
-        if e.shape != shape:
-            raise ValueError(f"{e.file}: tensor {names[c]!r} must have shape {shape} for the config "
-                             f"(n_embd={cfg.n_embd}, d_ff={cfg.d_ff}, vocab_size={cfg.vocab_size}, "
-                             f"n_positions={cfg.n_positions}), got {e.shape}")
-    out = {}
-    for c in want:
-        a = ckpt.read(names[c], dtype)
-        try:
-            check_finite(f"tensor {names[c]!r}", a)
-        except ValueError as e:
-            raise ValueError(f"{ckpt.tensors[names[c]].file}: {e}") from None
-        out[c] = a
+    what = (f"a GPT-2 LM with n_layer={cfg.n_layer} (n_embd={cfg.n_embd}, d_ff={cfg.d_ff}, "
+            f"vocab_size={cfg.vocab_size}, n_positions={cfg.n_positions})")
+    out = ckpt.read_all(names, want, dtype, what)
     if HEAD_NAME in out:
         if not np.array_equal(out.pop(HEAD_NAME), out["wte.weight"]):
             raise ValueError(f"{root}: tensor {names[HEAD_NAME]!r} differs from {names['wte.weight']!r}: "
