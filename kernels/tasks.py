@@ -80,7 +80,9 @@ def inline_new_rows(dims, cached):
     return dims.kv_heads == dims.n_heads and (dims.T <= BQ or not cached)
 
 
-@kernel(internal=True)
+# inlined: a caller loaded from Numba's cache publishes the standalone kernels it calls
+# (options._call_by_address), which a function between them would hide (cache_rows_task)
+@kernel(internal=True, inline="always")
 def new_rows(bufs, dims, t, cache):
     """The new rows of K/V head g = t % kv_heads of sequence b = t // kv_heads, in q as
     rows [Q | K | V] of 3d (bufs: Attend): with rotary positions, its K head and the
