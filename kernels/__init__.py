@@ -14,12 +14,16 @@ nothing (the API did) and only prepares weights and dispatches.
     simd        a vector type of the path's width and LLVM intrinsics (load/store, fma, exp, exp2)
     gemm        6 x NV-vector register-blocked micro-kernel over pre-packed weight panels
     layout      panel, stride and task arithmetic: weight layout, packed K/V sizes, task grids
-    layernorm   row LayerNorm with the affine fused in
-    activations bias + activation (gelu_tanh, gelu_erf, relu) over a tile
+    layernorm   row LayerNorm (or RMSNorm) with the affine fused in
+    activations bias + activation (gelu_tanh, gelu_erf, relu, silu) over a tile; the gated
+                FFN's act(gate) * up
+    rotary      rotary positions: the cos/sin table of a call (float64 angles), Q and K turned
     softmax     causal or unmasked row softmax of a whole score matrix, for the trace path
     attention   flash-style attention for one head (online softmax over key tiles), and
                 the untiled per-query kernel for tiny sequences
-    stages      the tasks of the block's stages (projection, attention, W_O, FFN pieces)
+    stages      the tasks of the block's attention half (projection, attention, W_O)
+    ffn         the tasks of its FFN (row tiles, or split by columns; the gated FFN)
+    tasks       the stages' plan and the task each worker runs (rotary, the cache's new rows)
     block       the whole block as one compiled call (serial and parallel builds), with or
                 without a KV cache, and the attention on its own (attention_core) for the
                 component timings
