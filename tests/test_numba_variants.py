@@ -230,6 +230,25 @@ def test_long_prefill_then_steps(T):
     assert rel_err(got, oracle_of(H, w, cfg)) < F64
 
 
+@pytest.mark.isa
+@pytest.mark.parametrize("dtype, bound", [(np.float64, F64), (np.float32, F32)])
+def test_rotary_positions_are_absolute_far_into_a_cache(dtype, bound):
+    """Tokens at positions 2000.. (the cache's length moved on over zero keys and values):
+    turned by their absolute positions, as the oracle's cached call turns them."""
+    cfg = together(d_model=32, n_heads=2, n_kv_heads=1, d_ff=40, rope_scale=2.0)
+    rng = np.random.default_rng(4)
+    w = variant_weights(cfg, rng, dtype)
+    H = inputs(cfg, rng, 1, 4, dtype)
+    got, want = KVCache(cfg, 2010, 1, dtype), KVCache(cfg, 2010, 1, np.float64)
+    for c in (got, want):
+        c.length = 2000
+    out = np.concatenate([tblock.forward(H[:, :3], w, cfg, cache=got), tblock.forward(H[:, 3:], w, cfg, cache=got)], 1)
+    ref = np.concatenate([tblock.forward(H[:, :3].astype(np.float64), w, cfg, backend="numpy", cache=want),
+                          tblock.forward(H[:, 3:].astype(np.float64), w, cfg, backend="numpy", cache=want)], 1)
+    assert rel_err(out, ref) < bound
+    assert rel_err(got.keys()[:, 2000:], want.keys()[:, 2000:]) < bound
+
+
 # ----------------------------------------------------------------------------- a stack's decode step
 
 
