@@ -321,7 +321,7 @@ class Run:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)} (default all)")
     ap.add_argument("--formats", default=",".join(TBLOCK_FORMATS),
                     help="tblock formats, and the engines' formats matching them (default fp32,bf16,int8,int4)")

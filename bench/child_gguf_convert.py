@@ -7,10 +7,11 @@
 bench_engines.py's random models (GPT-2, Llama and Qwen2 shapes) carry a byte-level BPE
 tokenizer written by engine_models.py, with made-up merges (the real vocabularies cannot be
 had offline).  The converter names a BPE tokenizer's pre-tokenizer by hashing how it splits a
-test string, and refuses a hash it does not list; the split here is GPT-2's byte-level one, so an unknown hash is named "gpt-2",
-which is the pre-tokenizer llama.cpp then applies.  Everything else is the converter's own
-code, from the llama.cpp tree given (with its own gguf-py, as the converter run directly
-would use).  The weights are untouched by this: llama-bench feeds token ids.
+test string, and refuses a hash it does not list; the split here is GPT-2's byte-level one,
+so an unknown hash is named "gpt-2", which is the pre-tokenizer llama.cpp then applies.
+Everything else is the converter's own code, from the llama.cpp tree given (with its own
+gguf-py, as the converter run directly would use).  The weights are untouched by this:
+llama-bench feeds token ids.
 """
 
 from __future__ import annotations

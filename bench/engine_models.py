@@ -118,7 +118,8 @@ MODELS = {
 # the flow's smoke tests: seconds to convert and run (kept out of --help)
 TINY = {
     "tiny-llama": Shape("tiny-llama", "llama", _llama(64, 2, 4, 2, 128, 512, max_position_embeddings=1024,
-                                                      rope_theta=10000.0, rms_norm_eps=1e-5), "tiny Llama (smoke test)"),
+                                                      rope_theta=10000.0, rms_norm_eps=1e-5),
+                        "tiny Llama (smoke test)"),
     "tiny-qwen2": Shape("tiny-qwen2", "qwen2", _llama(64, 2, 4, 2, 128, 512, max_position_embeddings=1024,
                                                       rope_theta=10000.0, rms_norm_eps=1e-6,
                                                       use_sliding_window=False), "tiny Qwen2 (smoke test)"),
@@ -198,7 +199,8 @@ def checkpoint(cache: Path, shape: Shape, seed: int, log=lambda msg: print(msg, 
     _model(shape).float().save_pretrained(tmp)
     config = json.loads((tmp / "config.json").read_text())
     if shape.is_gpt2:
-        config["n_ctx"] = shape.n_positions     # llama.cpp's GPT-2 converter reads n_ctx, which transformers 5 no longer writes
+        # llama.cpp's GPT-2 converter reads n_ctx, which transformers 5 no longer writes
+        config["n_ctx"] = shape.n_positions
     elif "rope_theta" in shape.hf:
         config["rope_theta"] = shape.hf["rope_theta"]   # where transformers 4 (CTranslate2's, optimum-intel's) reads it
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
