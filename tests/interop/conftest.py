@@ -18,6 +18,24 @@ def record_error():
     return record
 
 
+def perturb_llama(model):
+    """A random Llama-family model made like a trained one, in place: norm gains and biases
+    off 1 and 0, embeddings of O(1), Linear weights (out, in) giving activations of O(1)
+    (HF's N(0, 0.02) leaves attention nearly uniform and the FFN nearly linear)."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+    return model
+
+
 def run_bench(name: str, *args) -> subprocess.CompletedProcess:
     """bench/<name>.py run as a script with ``args`` (as `make bench-...` runs it); it must succeed."""
     script = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"

@@ -33,6 +33,7 @@ import torch
 import transformers
 
 import tblock
+from conftest import perturb_llama
 from tblock.formats import QuantizedMatrix, quantize_matrix
 from tblock.models.checkpoint import Checkpoint
 from tblock.models.gguf import read_gguf_model
@@ -102,17 +103,7 @@ def hf_model(case: str, seed: int = 0):
     config_cls, model_cls, extra = CASES[case]
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**{**SHAPE, **extra})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    return model
+    return perturb_llama(model)
 
 
 def convert(tree: Path, ckpt: Path, outtype: str, out: Path) -> Path:

@@ -22,6 +22,7 @@ import torch
 import transformers
 
 import tblock
+from conftest import perturb_llama
 
 pytestmark = pytest.mark.interop
 
@@ -56,17 +57,7 @@ def hf_model(case: str, seed: int = 0):
     cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            else:                       # Linear weights, (out, in): activations of O(1)
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    return model
+    return perturb_llama(model)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
