@@ -611,3 +611,36 @@ def test_damaged_bytes_are_refused_or_read(tmp_path_factory, data):
         read_gguf_model(path)
     except ValueError as e:
         assert str(e).startswith(str(path))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4", "bf16"])
+def test_load_keeps_the_files_formats(tmp_path, rng, fmt):
+    """tblock.load(file): a Llama whose stored blocks are the file's bytes, computing what the
+    safetensors weights quantized the same way compute."""
+    import tblock
+    hf_t = llama_tensors(rng, tied=False)
+    model = tblock.load(llama_file(tmp_path, "llama", hf_t, llama_meta(), fmt))
+    assert isinstance(model, tblock.Llama) and (model.weight_format, model.head_format) == (fmt, fmt)
+    if fmt != "fp32":
+        assert np.array_equal(model.blocks[1].w_k.data, quantize_matrix(hf_t["model.layers.1.self_attn.k_proj.weight"].T,
+                                                                        fmt).data)
+    hf, _ = read_gguf_model(tmp_path / "m.gguf")
+    from tblock.models.llama import Llama, LlamaConfig
+    want = Llama.from_tensors(LlamaConfig.from_hf(hf), hf_t, weights=fmt, head_weights=fmt)
+    ids = np.array([3, 1, 4, 1, 5])
+    np.testing.assert_array_equal(model(ids, backend="numpy"), want(ids, backend="numpy"))
+
+
+def test_load_refuses_mixed_formats_and_float64_on_stored_blocks(tmp_path, rng):
+    import tblock
+    hf_t = llama_tensors(rng)
+    q8 = quantize_matrix(hf_t["model.layers.0.mlp.up_proj.weight"].T, "int8").data.tobytes()
+    path = llama_file(tmp_path, "llama", hf_t, llama_meta(), "int4", drop=("model.layers.0.mlp.up_proj.weight",),
+                      extra=[tensor("blk.0.ffn_up.weight", [64, 96], Q8_0, q8)])
+    with pytest.raises(ValueError, match=r"m.gguf: the blocks' matrices mix formats \(.*int4.*int8|int8.*int4"):
+        tblock.load(path)
+    path = llama_file(tmp_path, "llama", hf_t, llama_meta(), "int8", name="q8.gguf")
+    with pytest.raises(ValueError, match="q8.gguf: its blocks are stored as int8, which computes in float32"):
+        tblock.load(path, dtype=np.float64)
+    with pytest.raises(ValueError, match="block 0 is stored as int8 .* not int4"):
+        tblock.load(path, weights="int4")
