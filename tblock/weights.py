@@ -36,6 +36,22 @@ def expected_shape(name: str, cfg: BlockConfig) -> tuple[int, ...]:
     }[name]
 
 
+def weight_names(cfg: BlockConfig) -> list[str]:
+    """The arrays a BlockWeights for ``cfg`` holds, in a fixed order: the matrices (w_gate with
+    the gated FFN), the FFN biases, the norms' gains (and LayerNorm's shifts), b_q/b_k/b_v, b_o."""
+    gated = cfg.ffn == "gated"
+    names = list(MATRICES) + (["w_gate"] if gated else [])
+    if cfg.ffn_bias:
+        names += list(FFN_BIASES) + (["b_gate"] if gated else [])
+    if cfg.ln_affine:
+        names += list(LN_GAINS) + (list(LN_SHIFTS) if cfg.norm_type == "layernorm" else [])
+    if cfg.qkv_bias:
+        names += list(QKV_BIASES)
+    if cfg.out_bias:
+        names += ["b_o"]
+    return names
+
+
 def as_float_array(name: str, value, ndim: int | None = None) -> np.ndarray:
     """Check that ``value`` is a real float32/float64 array (never converting ints,
     complex or objects silently) and return it as an ndarray (no copy)."""

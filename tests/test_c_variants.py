@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import tblock
 from tblock.backends import c as cb
 from tblock.backends import numpy as oracle
-from tblock.weights import expected_shape
+from tblock.weights import expected_shape, weight_names
 
 from conftest import nonzero, rel_err
 
@@ -39,17 +39,8 @@ TRACE = ("H_norm1", "Q", "K", "V", "A", "out_concat", "A_out", "H_mid", "H_norm2
 def variant_weights(cfg, rng, dtype=np.float64) -> tblock.BlockWeights:
     """Every weight ``cfg`` needs, drawn from ``rng``: matrices N(0, 1/fan_in), biases and gains
     bounded away from 0 so that each one matters (conftest.random_weights knows the lesson's only)."""
-    names = ["w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2"] + (["w_gate"] if cfg.ffn == "gated" else [])
-    if cfg.ffn_bias:
-        names += ["b_ff1", "b_ff2"] + (["b_gate"] if cfg.ffn == "gated" else [])
-    if cfg.ln_affine:
-        names += ["ln1_gamma", "ln2_gamma"] + (["ln1_beta", "ln2_beta"] if cfg.norm_type == "layernorm" else [])
-    if cfg.qkv_bias:
-        names += ["b_q", "b_k", "b_v"]
-    if cfg.out_bias:
-        names += ["b_o"]
     w = {}
-    for name in names:
+    for name in weight_names(cfg):
         shape = expected_shape(name, cfg)
         if len(shape) == 2:
             w[name] = rng.standard_normal(shape) * np.sqrt(1.0 / shape[0])

@@ -37,7 +37,7 @@ from tblock import BlockConfig, BlockWeights, KVCache
 from tblock.backends import numba as nb
 from tblock.backends import numpy as oracle
 from tblock.backends import reference_lm_head
-from tblock.weights import expected_shape
+from tblock.weights import expected_shape, weight_names
 
 from conftest import rel_err
 
@@ -48,15 +48,8 @@ ACTS = ("gelu_tanh", "gelu_erf", "relu", "silu")
 def variant_weights(cfg: BlockConfig, rng, dtype=np.float64) -> BlockWeights:
     """Weights of cfg: matrices at the lesson's scales, every vector it has bounded away from
     0 (biases) or 1 (gains), so that a kernel that dropped one would fail."""
-    names = ["w_q", "w_k", "w_v", "w_o", "w_ff1", "w_ff2"] + (["w_gate"] if cfg.ffn == "gated" else [])
-    if cfg.ffn_bias:
-        names += ["b_ff1", "b_ff2"] + (["b_gate"] if cfg.ffn == "gated" else [])
-    if cfg.ln_affine:
-        names += ["ln1_gamma", "ln2_gamma"] + (["ln1_beta", "ln2_beta"] if cfg.norm_type == "layernorm" else [])
-    if cfg.qkv_bias:
-        names += ["b_q", "b_k", "b_v"] + (["b_o"] if cfg.out_bias else [])
     w = {}
-    for n in names:
+    for n in weight_names(cfg):
         shape = expected_shape(n, cfg)
         if n.startswith("w_"):
             w[n] = rng.standard_normal(shape) / np.sqrt(shape[0])

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..weights import check_finite
+
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -259,9 +261,9 @@ class Checkpoint:
         out = {}
         for c in want:
             a = self.read(names[c], dtype)
-            if not np.isfinite(a).all():
-                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
-                raise ValueError(f"{self.tensors[names[c]].file}: tensor {names[c]!r} must be finite, "
-                                 f"found {a[bad]} at index {bad}")
+            try:
+                check_finite(f"tensor {names[c]!r}", a)
+            except ValueError as e:
+                raise ValueError(f"{self.tensors[names[c]].file}: {e}") from None
             out[c] = a
         return out

@@ -39,7 +39,7 @@ from ..weights import BlockWeights, check_finite
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
 from .gguf import split_outputs
-from .stored import head_format, stored_block, stored_head
+from .stored import from_checkpoint, head_format, stored_block, stored_head
 
 # Hugging Face's activation names -> BlockConfig's; gelu_new and gelu_pytorch_tanh are both
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu" is the exact erf form
@@ -272,12 +272,7 @@ class GPT2(CausalLM):
         ``dot``: how products with the stored matrices (blocks and head) are computed,
         tblock.formats' "fp32" (the default) or "int8" (inputs rounded to int8 blocks, as
         llama.cpp computes; int8 and int4 matrices only)."""
-        ckpt = Checkpoint(path)
-        cfg = GPT2Config.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
-        dtype = check_dtype(dtype)
-        head_format(weights, head_weights, dot, dtype)      # every format argument checked before a read
-        return cls.from_tensors(cfg, read_gpt2(ckpt, cfg, dtype), dtype, weights=weights,
-                                head_weights=head_weights, dot=dot, where=str(ckpt.root))
+        return from_checkpoint(cls, GPT2Config, read_gpt2, path, dtype, weights, head_weights, dot)
 
     @classmethod
     def from_tensors(cls, cfg: GPT2Config, t: dict, dtype=np.float32, *, weights: str = "fp32",

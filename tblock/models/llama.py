@@ -37,7 +37,7 @@ from ..formats import QuantizedMatrix
 from ..weights import BlockWeights
 from .causal_lm import CausalLM, check_dtype
 from .checkpoint import Checkpoint
-from .stored import head_format, stored_block, stored_head
+from .stored import from_checkpoint, head_format, stored_block, stored_head
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -278,12 +278,7 @@ class Llama(CausalLM):
         LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM.  ``weights``,
         ``head_weights`` and ``dot`` as GPT2.from_pretrained's: the blocks' matrices and the
         head stored in a tblock format (head default: the blocks', int8 under int4)."""
-        ckpt = Checkpoint(path)
-        cfg = LlamaConfig.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
-        dtype = check_dtype(dtype)
-        head_format(weights, head_weights, dot, dtype)      # every format argument checked before a read
-        return cls.from_tensors(cfg, read_llama(ckpt, cfg, dtype), dtype, weights=weights,
-                                head_weights=head_weights, dot=dot, where=str(ckpt.root))
+        return from_checkpoint(cls, LlamaConfig, read_llama, path, dtype, weights, head_weights, dot)
 
     @classmethod
     def from_tensors(cls, cfg: LlamaConfig, t: dict, dtype=np.float32, *, weights: str = "fp32",

@@ -8,6 +8,8 @@ import numpy as np
 
 from ..formats import QuantizedMatrix, check_dot, check_format, quantize_matrix
 from ..weights import BlockWeights, quantize
+from .causal_lm import check_dtype
+from .checkpoint import Checkpoint
 
 
 def head_format(weights: str, head_weights: str | None, dot: str, dtype) -> str:
@@ -54,3 +56,15 @@ def stored_head(E, fmt: str, dot: str, name: str, where):
         return quantize_matrix(E.T, fmt, name=name, dot=dot)
     except ValueError as e:
         raise ValueError(f"{where}: {name} cannot be stored as {fmt}: {e}") from None
+
+
+def from_checkpoint(cls, config_cls, read, path, dtype, weights: str, head_weights: str | None, dot: str):
+    """``cls.from_tensors`` of the checkpoint folder ``path``: its config.json through
+    ``config_cls.from_hf``, its tensors through ``read(ckpt, cfg, dtype)``, every format
+    argument checked before a tensor is read (a model family's from_pretrained)."""
+    ckpt = Checkpoint(path)
+    cfg = config_cls.from_hf(ckpt.config(), where=str(ckpt.root / "config.json"))
+    dtype = check_dtype(dtype)
+    head_format(weights, head_weights, dot, dtype)
+    return cls.from_tensors(cfg, read(ckpt, cfg, dtype), dtype, weights=weights, head_weights=head_weights,
+                            dot=dot, where=str(ckpt.root))
