@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text: needs tokenizer.json in CHECKPOINT "
                                                          "(or beside the GGUF file) "
                                                          "and the tokenizers package (pip install 'tblock-cpu[text]')")
+    prompt.add_argument("--input", metavar="FILE",
+                        help="a batch job: one prompt per line of this JSONL file, {\"id\": ID, \"ids\": [...]} "
+                             "or {\"id\": ID, \"prompt\": TEXT}, each line optionally with max_new_tokens, "
+                             "temperature, top_k, top_p, seed, eos (null or absent: the command line's; a sampled "
+                             "line without a seed draws with one derived from --seed, the base seed, and its id); "
+                             "needs --output (docs/batch.md)")
     gen.add_argument("-n", "--max-new-tokens", type=int, default=50, help="new tokens at most (default 50)")
     gen.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
@@ -67,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cache", default="fp32", choices=KV_FORMATS,
                      help="how the KV caches store keys and values: fp32 (default), bf16 or int8 "
                           "(one float32 scale per head and token), read by every step")
+    job = gen.add_argument_group("batch job (--input)")
+    job.add_argument("--output", metavar="FILE",
+                     help="with --input: the JSONL records, one line per prompt: {\"id\", \"ids\" (prompt and "
+                          "new), \"new_ids\", \"stop\" (\"eos\" or \"length\"), \"text\" (the new tokens, with a "
+                          "tokenizer)}; FILE.job holds the job's settings. Rerunning the same command resumes "
+                          "an interrupted job")
+    job.add_argument("--on-error", choices=("skip", "fail"), default="skip",
+                     help="a bad input line (reported with its number): skip it (default) or stop before "
+                          "generating anything (exit 2)")
+    job.add_argument("--order", choices=("input", "done"), default="input",
+                     help="records in input order (default) or as each prompt finishes")
+    job.add_argument("--max-batch", type=int, default=16, metavar="N",
+                     help="prompts decoded together at most (default 16)")
+    job.add_argument("--force", action="store_true",
+                     help="replace --output even when it is not this job's output")
     return parser
 
 
@@ -78,6 +99,10 @@ def run_generate(args) -> int:
 
     from .models.auto import load
 
+    if args.input is not None:
+        return _run_job(args)
+    if args.output is not None:
+        raise ValueError("--output is for a batch job: give --input FILE too (or leave --output out)")
     path = Path(args.checkpoint)
     root = path.parent if path.is_file() else path      # a GGUF file's tokenizer.json lies beside it
     tokenizer = None
@@ -117,6 +142,25 @@ def run_generate(args) -> int:
     if tokenizer is not None:
         print(tokenizer.decode(out))
     return 0
+
+
+def _run_job(args) -> int:
+    """``tblock generate CHECKPOINT --input IN --output OUT``: tblock.batch_job with the model."""
+    from pathlib import Path
+
+    from .batch_job import run_job
+    from .config import check_int
+    from .models.auto import load
+
+    if args.output is None:
+        raise ValueError("--input needs --output FILE (the records' file)")
+    check_int("--max-batch", args.max_batch, 1)
+    path = Path(args.checkpoint)
+    root = path.parent if path.is_file() else path      # a GGUF file's tokenizer.json lies beside it
+    # a "prompt" line without a tokenizer is a bad line, reported as such
+    tokenizer = _tokenizer(root, needed=False) if (root / "tokenizer.json").is_file() else None
+    model = load(path, dot=args.dot, **({} if args.weights is None else {"weights": args.weights}))
+    return run_job(args, model, tokenizer, path)
 
 
 def _tokenizer(root, needed: bool):
