@@ -19,7 +19,7 @@ def job_settings(args, checkpoint, base_seed: int, tokenizer) -> dict:
     """What makes OUT this job's output: a rerun resumes only when every value is equal."""
     return {"input": str(Path(args.input).resolve()), "input_sha256": file_sha256(args.input),
             "model": str(Path(checkpoint).resolve()), "weights": args.weights, "dot": args.dot,
-            "cache": args.cache, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "cache": args.cache, "backend": args.backend, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "eos": args.eos, "seed": base_seed,
             "order": args.order, "text": tokenizer is not None}
 
