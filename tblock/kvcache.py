@@ -232,6 +232,20 @@ class KVCache:
         self._V.fill(0)
         self._length = 0
 
+    def slot(self, b: int) -> "KVCache":
+        """Sequence b of this cache as a one-sequence KVCache over the same memory (its own
+        length, from 0, and its own scratch): what a batch of sequences of different lengths
+        runs its prompts and the reference backends' steps through, one slot at a time."""
+        if isinstance(b, bool) or not isinstance(b, numbers.Integral) or not 0 <= b < self.batch:
+            raise ValueError(f"b must be a sequence of the cache in [0, batch={self.batch}), got {b!r}")
+        view = object.__new__(KVCache)
+        view.__dict__.update(self.__dict__)
+        view._batch, view._length = 1, 0
+        view._K, view._V = self._K[b:b + 1], self._V[b:b + 1]      # views: writes land in this cache
+        view._addresses = (view._K.ctypes.data, view._V.ctypes.data)
+        view._work = np.empty(_work_len(self.cfg, 1, self.max_T, self.dtype), self.dtype)
+        return view
+
     def _k_parts(self, b: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Sequence b's K^T panels as (n_kv_heads, panels, d_k, NR) and int8's scales as
         (n_kv_heads, panels, NR) float32 (None in another format): views."""

@@ -30,6 +30,7 @@ from ..config import BlockConfig, check_int
 from ..formats import QuantizedMatrix, dequantize
 from ..kvcache import KVCache, check_kv_format, kv_bytes_per_token
 from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
+from .batching import generate_many, stream_many
 from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
 
 
@@ -187,7 +188,7 @@ class CausalLM:
 
     # --------------------------------------------------------------- forward
 
-    def _check_ids(self, ids) -> np.ndarray:
+    def check_ids(self, ids) -> np.ndarray:
         """ids as an integer (B, T) array, B=1 for 1-D ids, after every check."""
         if isinstance(ids, (list, tuple)):
             ids = np.asarray(ids)
@@ -229,7 +230,7 @@ class CausalLM:
         """The residual stream h_0 (the embeddings), h_1, ..., h_N (after each block),
         stacked: (N + 1, T, d) for ids (T,), (N + 1, B, T, d) for ids (B, T).  No LN_f
         is applied (transformers' last hidden state is LN_f(h_N))."""
-        ids2 = self._check_ids(ids)
+        ids2 = self.check_ids(ids)
         H = self.embed(ids2)
         states = [H]
         for block in self.stack.blocks:
@@ -247,8 +248,8 @@ class CausalLM:
         ``cache[0].length`` tokens the cache holds: they sit at the positions after those,
         their keys and values are appended, and their logits are those of a call on the
         whole sequence."""
-        name = self._cached_backend(backend) if cache is not None else self._backend(backend)
-        ids2 = self._check_ids(ids)
+        name = self.cached_backend(backend) if cache is not None else self._backend(backend)
+        ids2 = self.check_ids(ids)
         if cache is None:
             H = self.stack(self.embed(ids2), backend=name)
         else:
@@ -293,7 +294,8 @@ class CausalLM:
         return name
 
     @classmethod
-    def _cached_backend(cls, backend: str | None) -> str:
+    def cached_backend(cls, backend: str | None) -> str:
+        """The backend's name (None: the default), or ValueError where it has no KV-cache path."""
         name = cls._backend(backend)
         if getattr(get_backend(name), "forward_cached", None) is None:
             raise ValueError(f"backend {name!r} has no KV-cache path: generation needs one "
@@ -340,8 +342,8 @@ class CausalLM:
             logits = step(ids, cache, out)
             if logits is not None:
                 return logits
-        name = self._cached_backend(backend)
-        ids2 = self._check_ids(ids)
+        name = self.cached_backend(backend)
+        ids2 = self.check_ids(ids)
         B = ids2.shape[0]
         if out is not None and (not isinstance(out, np.ndarray) or out.shape != (B, self.vocab_size)
                                 or out.dtype != self.dtype or not out.flags.c_contiguous):
@@ -356,11 +358,16 @@ class CausalLM:
     def _prepare_step(self, cache: list[KVCache], backend: str) -> None:
         """After a checked decode step with these caches: the backend's prepared step for
         the next ones (None where it has none)."""
+        self._step, self._step_backend = self.make_step(cache, backend), backend
+
+    def make_step(self, cache: list[KVCache], backend: str | None = None):
+        """The backend's compiled decode step for the caches ``cache`` (model.make_cache's:
+        this model's, unchanged since), or None where the backend has none; what
+        ``next_logits`` runs once a checked step has vouched for the caches."""
+        backend = self._backend(backend)
         module = get_backend(backend)
-        self._step = lm_hook(module, "prepare_decode")(self.blocks, self.stack.cfg, cache, self.wte, self.wpe,
-                                                       self.ln_f, self.eps, self._prepared_head(backend, module),
-                                                       **self._norm_kw())
-        self._step_backend = backend
+        return lm_hook(module, "prepare_decode")(self.blocks, self.stack.cfg, cache, self.wte, self.wpe, self.ln_f,
+                                                 self.eps, self._prepared_head(backend, module), **self._norm_kw())
 
     @property
     def prepared_step(self):
@@ -374,6 +381,15 @@ class CausalLM:
         self._step, self._step_backend = None, None
 
     # --------------------------------------------------------------- generation
+
+    def generate_many(self, prompts, max_new_tokens, **options) -> list[np.ndarray]:
+        """Many prompts of any lengths, continuously batched: each one's ``generate`` result,
+        in input order (tblock.models.batching.generate_many: the options and the schedule)."""
+        return generate_many(self, prompts, max_new_tokens, **options)
+
+    def stream_many(self, prompts, max_new_tokens, **options):
+        """``generate_many`` yielding (index, tokens) as each prompt finishes."""
+        return stream_many(self, prompts, max_new_tokens, **options)
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed=None, eos_token_id: int | None = None,
@@ -411,9 +427,9 @@ class CausalLM:
     def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend, cache_format):
         """Every argument checked, the output buffer (B, T + max_new_tokens) holding the prompt,
         and the decoding loop (not started): (out, T, steps)."""
-        ids2 = self._check_ids(ids)
+        ids2 = self.check_ids(ids)
         B, T = ids2.shape
-        name = self._cached_backend(backend)
+        name = self.cached_backend(backend)
         max_new = check_int("max_new_tokens", max_new_tokens, 0)
         if T + max_new > self.n_positions:
             raise ValueError(f"max_new_tokens={max_new} after T={T} prompt tokens passes n_positions="
