@@ -13,10 +13,13 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import cli_run, one_line_error
 from test_gpt2 import hf_config, random_tensors, write_checkpoint
 
 from tblock import GPT2
+from tblock.batch_job import Progress
 from tblock.jobs import JobOutput, derived_seed
 
 VOCAB, N_POS, D, LAYERS, HEADS = 101, 48, 32, 2, 4
@@ -304,6 +307,54 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(ckpt, tmp_path, capsys, monk
     rc, _, err = job(capsys, ckpt, inp, part, "-n", 4, "--seed", 9, "--max-batch", 2)
     assert rc == 0 and "3 already in" in err, err
     assert part.read_bytes() == whole.read_bytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.one_of(st.integers(-2**70, 2**70), st.text(max_size=6)), min_size=1, max_size=8,
+                    unique=True),
+       cut=st.floats(0, 1))
+def test_reopening_keeps_exactly_the_lines_before_a_cut(tmp_path_factory, ids, cut):
+    """Records of any ids (unicode, huge integers) cut at any byte: reopening keeps the
+    complete lines before the cut, byte for byte, and their ids as done; a write appends."""
+    out = tmp_path_factory.mktemp("cut") / "out.jsonl"
+    with JobOutput(out, {"k": 1}, force=True) as f:
+        for i in ids:
+            f.write({"id": i, "ids": [1]})
+    data = out.read_bytes()
+    at = int(cut * len(data))
+    out.write_bytes(data[:at])
+    keep = data[:data[:at].rfind(b"\n") + 1]                 # whole lines only
+    with JobOutput(out, {"k": 1}) as f:
+        assert out.read_bytes() == keep
+        assert f.done_ids() == {json.loads(x)["id"] for x in keep.splitlines()}
+        f.write({"id": "new", "ids": []} if "new" not in f.done_ids() else {"id": "new2", "ids": []})
+    assert out.read_bytes().startswith(keep) and out.read_bytes().count(b"\n") == keep.count(b"\n") + 1
+
+
+class FakeTty:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_the_progress_line_is_redrawn_on_a_terminal():
+    tty = FakeTty()
+    p = Progress(total=5, before=2, stream=tty)
+    p.add(4)
+    p.add(6)
+    p.finish("done")
+    parts = tty.text.split("\r")
+    assert parts[1].startswith("3/5 prompts, ") and parts[2].startswith("4/5 prompts, ")
+    assert parts[2].endswith(" tokens/s") and parts[3] == "done\n" and "\n" not in "".join(parts[:3])
+    assert p.tokens == 10
 
 
 # ----------------------------------------------------------------------------- SIGKILL
