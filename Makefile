@@ -7,6 +7,7 @@
 #   make test-interop  tblock's models against transformers and llama.cpp's converter (installs
 #                 transformers and CPU torch; fetches llama.cpp's sources into ~/.cache)
 #   make test-browser  the demo page (tblock demo) in headless chromium; writes docs/demo.png
+#   make test-ray  tblock.ray on a local Ray and a two-node cluster (installs the ray extra)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -78,6 +79,14 @@ llama-cpp-tree: $(BIN)/python
 	  $(BIN)/python -c '$(UNTAR)' "$(LLAMA_SDIST)" "$(ENGINES)/src" || \
 	  echo "== llama.cpp's sources could not be fetched: the GGUF converter tests will skip"; \
 	fi
+
+# tblock.ray (Ray Data actors running the batch job) on a local Ray of 2 CPUs and a two-node
+# cluster of ray.cluster_utils (tests/ray, which plain pytest ignores; about 2 minutes); the ray
+# extra brings Ray Data, which `make test` itself never needs
+.PHONY: test-ray
+test-ray: install-test
+	$(BIN)/python -m pip install --quiet -e ".[ray]"
+	$(BIN)/pytest -q tests/ray
 
 # the demo page (tblock demo) in headless chromium (tests/browser, which plain pytest ignores):
 # the browser extra brings selenium; Debian's chromium and chromium-driver come from apt-get
