@@ -210,6 +210,9 @@ def main(argv=None) -> int:
             what = f"out of memory ({what}): choose smaller sizes"
         print(f"tblock {args.command}: error: {what}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:              # Ctrl-C before or between a command's own handlers
+        print(f"tblock {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
