@@ -240,7 +240,24 @@ def print_ratios(rows: list) -> list:
                                      ("llama.cpp", by.get(("llama.cpp", B))))}
         out.append({"batch": B, **ratio})
         print(f"| {B} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in ratio.values()) + " |")
+    print_best(rows)
     return out
+
+
+def print_best(rows: list) -> None:
+    """The issue's criterion: generate_many's best B against each contender's best."""
+    best = {}
+    for r in rows:
+        if r["job"] not in best or r["total_tps"] > best[r["job"]]["total_tps"]:
+            best[r["job"]] = r
+    many = best.get("many")
+    if many is None:
+        return
+    parts = [f"{many['total_tps'] / best[j]['total_tps']:.2f}x {what} (B {best[j]['batch']})"
+             for j, what in (("loop", "the loop of generate (issue #34 asks >= 6)"),
+                             ("transformers", "transformers' best"),
+                             ("llama.cpp", "llama.cpp's best, equal-length analogue")) if j in best]
+    print(f"\nbest generate_many: B {many['batch']}, {many['total_tps']:.1f} total tokens/s = " + "; ".join(parts))
 
 
 def parse_args(argv):
