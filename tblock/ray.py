@@ -186,6 +186,9 @@ def run_ray_job(model_path, requests, output, tokenizer=None, address=None, acto
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    data_log = logging.getLogger("ray.data")
+    level = data_log.level
+    data_log.setLevel(logging.ERROR)        # Ray Data's plan and progress lines: the caller has its own
     try:
         if actors is None:
             actors, cpus = cluster_actors(ray, cpus_per_actor)
@@ -209,6 +212,7 @@ def run_ray_job(model_path, requests, output, tokenizer=None, address=None, acto
             raise RuntimeError(f"Ray returned {written} of {len(todo)} results")
         return written
     finally:
+        data_log.setLevel(level)
         if started:
             ray.shutdown()
 
@@ -243,3 +247,15 @@ def results(ds, in_order: bool):
             while nxt in waiting:
                 yield nxt, waiting.pop(nxt)
                 nxt += 1
+
+
+def run_job_args(args, checkpoint, todo, output, tokenizer, on_new_tokens=None) -> int:
+    """The batch job's ``--ray [ADDRESS]`` (tblock.batch_job): ``todo`` through run_ray_job
+    with the generate subcommand's ``args`` (ray: the address, "" for none; order, backend,
+    cache, max_batch, weights, dot, as the local job reads them); ``on_new_tokens(n)`` after
+    each record written (the progress line)."""
+    load_kwargs = {"dot": args.dot, **({} if args.weights is None else {"weights": args.weights})}
+    on_record = None if on_new_tokens is None else (lambda record: on_new_tokens(len(record["new_ids"])))
+    return run_ray_job(checkpoint, todo, output, tokenizer, address=args.ray or None, order=args.order,
+                       on_record=on_record, backend=args.backend, cache_format=args.cache,
+                       max_batch=args.max_batch, load_kwargs=load_kwargs)

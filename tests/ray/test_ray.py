@@ -251,3 +251,50 @@ def test_actor_killed_mid_batch_loses_and_duplicates_nothing(cluster, tmp_path, 
     got = read_records(tmp_path / "out.jsonl")
     assert [r["id"] for r in got] == [r.id for r in requests]   # each once, in input order
     assert got == expected_records(model, requests)
+
+
+# ----------------------------------------------------------------------------- tblock generate --ray
+
+
+def test_run_job_args_reads_the_generate_options(cluster, tmp_path, ckpt, model):
+    """The batch job's --ray branch: the subcommand's options reach the actors (order,
+    max_batch, cache, weights, dot) and each record counts its new tokens for the progress."""
+    from argparse import Namespace
+
+    from tblock.ray import run_job_args
+    requests = requests_of(tmp_path, model, job_rows(6))
+    args = Namespace(ray="", order="input", backend=None, cache="bf16", max_batch=2, weights="int8", dot="fp32")
+    counted = []
+    with JobOutput(tmp_path / "out.jsonl", {"job": "test"}) as out:
+        assert run_job_args(args, ckpt, requests, out, None, counted.append) == len(requests)
+    quantized = tblock.load(ckpt, weights="int8", dot="fp32")
+    want = [record_of(r, quantized.generate(r.ids, **r.generate_kwargs(), cache_format="bf16")) for r in requests]
+    got = read_records(tmp_path / "out.jsonl")
+    assert got == want
+    assert counted == [len(r["new_ids"]) for r in want]
+
+
+def has_ray_flag() -> bool:
+    from tblock.cli import build_parser
+    args, unknown = build_parser().parse_known_args(["generate", "model", "--ids", "1", "--ray"])
+    return not unknown
+
+
+@pytest.mark.skipif(not has_ray_flag(), reason="tblock generate has no --ray option in this checkout's cli.py")
+def test_cli_ray_job_equals_the_local_job_and_resumes_it(cluster, tmp_path, ckpt, capsys):
+    """`tblock generate --input --output --ray` writes the local job's file byte for byte,
+    and finishes a local job cut short (its last records gone)."""
+    from tblock.cli import main as cli_main
+    write_input(tmp_path / "in.jsonl", job_rows(10))
+    common = ["generate", str(ckpt), "--input", str(tmp_path / "in.jsonl"), "-n", "9", "--seed", "3",
+              "--max-batch", "3"]
+    assert cli_main(common + ["--output", str(tmp_path / "local.jsonl")]) == 0
+    assert cli_main(common + ["--output", str(tmp_path / "ray.jsonl"), "--ray"]) == 0
+    local = (tmp_path / "local.jsonl").read_bytes()
+    assert (tmp_path / "ray.jsonl").read_bytes() == local
+    lines = local.splitlines(keepends=True)
+    (tmp_path / "local.jsonl").write_bytes(b"".join(lines[:6]) + lines[6][:5])     # killed mid-write
+    capsys.readouterr()
+    assert cli_main(common + ["--output", str(tmp_path / "local.jsonl"), "--ray"]) == 0
+    assert "6 already in" in capsys.readouterr().err
+    assert (tmp_path / "local.jsonl").read_bytes() == local
