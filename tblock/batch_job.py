@@ -87,7 +87,11 @@ def run_job(args, model, tokenizer, checkpoint) -> int:
               f"max_batch {args.max_batch}", file=sys.stderr)
         progress = Progress(len(requests), before)
         try:
-            _generate(model, todo, out, args, tokenizer, progress)
+            if getattr(args, "ray", None) is not None:      # --ray [ADDRESS]: Ray Data's actors
+                from .ray import run_job_args
+                run_job_args(args, checkpoint, todo, out, tokenizer, progress.add)
+            else:
+                _generate(model, todo, out, args, tokenizer, progress)
         except KeyboardInterrupt:
             progress.finish(f"tblock generate: interrupted: {len(out.done_ids() & {r.id for r in requests})} of "
                             f"{len(requests)} prompts in {args.output}; rerun the same command to resume")

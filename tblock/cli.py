@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prompts decoded together at most (default 16)")
     job.add_argument("--force", action="store_true",
                      help="replace --output even when it is not this job's output")
+    job.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="generate on Ray Data actors (pip install 'tblock-cpu[ray]'), one per node by default: "
+                          "on the cluster at ADDRESS (auto, HOST:PORT), else RAY_ADDRESS's or a local Ray; "
+                          "CHECKPOINT must be at the same path on every node; the output is the local job's "
+                          "(docs/ray.md)")
     return parser
 
 
@@ -101,8 +106,9 @@ def run_generate(args) -> int:
 
     if args.input is not None:
         return _run_job(args)
-    if args.output is not None:
-        raise ValueError("--output is for a batch job: give --input FILE too (or leave --output out)")
+    if args.output is not None or args.ray is not None:
+        raise ValueError(f"{'--output' if args.output is not None else '--ray'} is for a batch job: give --input FILE "
+                         f"too (or leave it out)")
     path = Path(args.checkpoint)
     root = path.parent if path.is_file() else path      # a GGUF file's tokenizer.json lies beside it
     tokenizer = None
