@@ -142,6 +142,15 @@ bench-decode: install-test
 	$(BIN)/python -m pip install --quiet -e ".[interop]"
 	$(BIN)/python bench/bench_decode.py $(DECODE_ARGS)
 
+# many prompts (issue #34): tblock's generate_many at max_batch 8..64 against a loop of
+# generate, transformers' padded batch generate and llama-batched-bench; 64 prompts of
+# 16..256 tokens, 64 new each, GPT-2-small shape, 2 threads (minutes; not in `make test`).
+# BATCH_ARGS adds options, e.g. BATCH_ARGS="--weights int8 --json batch.json"
+.PHONY: bench-batch
+bench-batch: install-test
+	$(BIN)/python -m pip install --quiet -e ".[interop]"
+	$(BIN)/python bench/bench_batch.py $(BATCH_ARGS)
+
 # tblock at every weight format (fp32, bf16, int8, int4) against llama.cpp (built from the
 # llama-cpp-python source package), CTranslate2, OpenVINO and transformers: decode after a
 # 128-token prompt and prefill of 512 tokens, GPT-2-small shape, 2 threads (tens of minutes;
