@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import prange
+from numba.extending import overload
 
 from .layout import ceil_div, ffn_cols, panels, rows_per_task, stage_grid, take, take_f64, up16
 from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel, wait_for
@@ -94,7 +95,7 @@ def attention_core(qkv, T, d, n_heads, kv_heads, causal):
     for t in prange(nseq * kv_heads):
         pack_head(qkv, T, d, dk, kv_heads, t, kt, vp)
     for t in prange(nbh * ceil_div(T, BQ)):
-        attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T), kt[:0], 0)
+        attention_task(qkv, 3 * d, dims, t, Cache(kt, vp, 0, T, np.empty(0, np.intp)), kt[:0], 0)
 
 
 @kernel
@@ -116,13 +117,19 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
 
 
 @kernel(internal=True, fastmath=False)
-def rope_rows(dims, first, work):
+def rope_rows(dims, first, work, seqs):
     """The rotary table (rotary.rope_table) of a call's T rows a sequence, tokens first..:
     the end of the work buffer when there is one (work_len keeps room for it there), else a
-    new array; empty without rotary positions."""
+    new array; empty without rotary positions.  A ragged decode step (seqs: [slot, past]
+    pairs, T = 1): a new table, row b at sequence b's own position seqs[2b + 1]."""
     if dims.rope_theta <= 0:
         return work[:0]
     dk = dims.d // dims.n_heads
+    if seqs.size > 0:
+        R = np.empty(seqs.size // 2 * dk, dtype=work.dtype)
+        for b in range(seqs.size // 2):
+            rope_table(R[b * dk:(b + 1) * dk], 1, dk, seqs[2 * b + 1], dims.rope_theta, dims.rope_scale)
+        return R
     n = dims.T * dk
     R = np.empty(n, dtype=work.dtype) if work.size == 0 else work[work.size - n:]
     rope_table(R, dims.T, dk, first, dims.rope_theta, dims.rope_scale)
@@ -136,7 +143,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     none) output buffer scratch.slot (0 or 1) of it, every scratch buffer taken from it
     too; else a new array.  scratch.plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage
     plan; scratch.rope: the rotary table of the call's rows (rope_rows).  cache: the
-    block's Cache (past = -1: none)."""
+    block's Cache (past = -1: none; seqs: a ragged decode step's, stages.seq_at)."""
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     plan, work = scratch.plan, scratch.work
     past = cache.past
@@ -209,7 +216,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
                     borrowed(work), a_pos, borrowed(scratch.rope))
-    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T)
+    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T, borrowed(cache.seqs))
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
@@ -334,8 +341,9 @@ def block_parallel(H3, Wf, cfg, nthr):
     none = np.empty(0, dtype=H3.dtype)      # no cache (past = -1), no work buffer, no dest
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
-    rope = rope_rows(dims, 0, none)
-    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0), Scratch(plan, none, 0, none, rope), nthr), -1
+    seqs = plan.reshape(plan.size)[:0]      # uniform: no ragged pairs
+    rope = rope_rows(dims, 0, none, seqs)
+    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0, seqs), Scratch(plan, none, 0, none, rope), nthr), -1
 
 
 @kernel
@@ -353,8 +361,9 @@ def block_serial(H3, Wf, out3, cfg, nthr):
     nothing = borrowed(none)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
     Wf = as_weights(Wf)
-    rope = rope_rows(dims, 0, none)
-    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0),
+    seqs = borrowed(plan.reshape(plan.size)[:0])      # uniform: no ragged pairs
+    rope = rope_rows(dims, 0, none, seqs)
+    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0, seqs),
                      Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size), borrowed(rope)), nthr)
     keep_alive(H, Wf, none, plan, out3, rope)
     return -1
@@ -367,7 +376,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     and as many blocks as the cache's table holds: (H_out, -1), or (an empty array, i)
     when the input of block i holds a NaN or an Inf.
 
-    cache = (K, V, past, max_T, layers, plan, work).  K, V: the cache's flat keys and
+    cache = (K, V, past, max_T, layers, plan, work[, seqs]).  K, V: the cache's flat keys and
     values (K^T panels and V rows per head, for max_T tokens, in the cache's format:
     tblock.KVCache, kernels.kvstore), holding
     tokens 0..past-1; H3's rows (B, T, d) are tokens past..past+T-1, their keys and values
@@ -382,19 +391,27 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage plan.  work: a buffer for all
     other scratch (work_len; a KVCache's), used when it is large enough for this call (a
     decode step): the call then allocates nothing, and H_out is one of its two output
-    buffers.  Empty: every buffer new."""
-    K, V, past, max_T, layers, plan, work = cache
+    buffers.  Empty: every buffer new.
+
+    seqs (2B,) intp (ragged_pairs): a ragged decode step (T = 1): row b is the new token of the
+    cache's sequence seqs[2b] after its seqs[2b + 1] >= 1 tokens (its key and value
+    written there, attending over keys 0..seqs[2b + 1]), past their largest; other
+    sequences untouched.  A ragged call of another shape: (an empty array, 0)."""
+    K, V, past, max_T, layers, plan, work = cache[:7]
+    seqs = ragged_pairs(cache)
     H = H3.reshape(H3.size)
     Wf = as_weights(Wf)
     dims = Dims(H3.shape[1], H3.shape[2], *cfg)
     T, d = dims.T, dims.d
     nblocks = max(1, layers.shape[0])
     d_k = d // dims.n_heads
+    if seqs.size > 0 and (T != 1 or past < 1 or seqs.size != 2 * (H.size // d)):
+        return np.empty((0, 0, 0), dtype=H3.dtype), 0       # the caller checks: never reached
     few_keys = past > 0 or K.itemsize < 4 or T * T * d_k <= DIRECT_MAX       # a stored cache: always
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
                                                                  max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers
-    rope = rope_rows(dims, max(past, 0), work)     # every block's: one config, the same tokens
+    rope = rope_rows(dims, max(past, 0), work, seqs)     # every block's: one config, the same tokens
     for blk in range(nblocks):
         if layers.shape[0] > 0:
             W = weights_at(Wf, layers, blk)
@@ -404,11 +421,25 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
             W, Kb, Vb = borrow(Wf), borrowed(K), borrowed(V)
         if not all_finite_flat(H):         # as in block_parallel
             break
-        out3 = one_block(H, W, dims, Cache(Kb, Vb, past, max_T), Scratch(plan, work, blk % 2, work[:0], rope), nthr)
+        kv = Cache(Kb, Vb, past, max_T, borrowed(seqs))
+        out3 = one_block(H, W, dims, kv, Scratch(plan, work, blk % 2, work[:0], rope), nthr)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input
     return np.empty((0, 0, 0), dtype=H3.dtype), blk
+
+
+def ragged_pairs(cache):
+    """A cached call's ragged [slot, past] pairs: cache[7] of a cache argument of 8 (a
+    ragged decode step), else none (an empty view of the plan: a uniform call passes and
+    allocates no more arrays than before ragged steps existed)."""
+
+
+@overload(ragged_pairs, inline="always")
+def _ragged_pairs(cache):
+    if len(cache.types) == 8:
+        return lambda cache: cache[7]
+    return lambda cache: cache[5].reshape(cache[5].size)[:0]
 
 
 # standalone: kernels.decode calls them by address; H3 typed read-only, as the API hands it

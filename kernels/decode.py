@@ -15,11 +15,15 @@ takes costs far more than it would warm; a model's prepared step
 The stack is kernels.block's cached build and the head kernels.lm_head's, reached through
 their addresses (both are standalone kernels), so this body compiles in moments and the
 step's sums are exactly those of the two calls made one after the other.
+
+A ragged step (the cache argument's seqs not empty: kernels.block._cached) runs one token
+for each of B of the caches' sequences, each at its own position: sequence b is the
+caches' sequence seqs[2b] after seqs[2b + 1] tokens, and P's row is its own.
 """
 
 from __future__ import annotations
 
-from .block import cached_parallel, cached_serial
+from .block import cached_parallel, cached_serial, ragged_pairs
 from .lm_head import head_parallel, head_serial
 from .options import kernel
 from .wgemm import embed_row
@@ -38,13 +42,14 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     or E's stored rows (the head's Ep), and P (positions, d; (0, d): no learned positions,
     the blocks' rotary ones), and H (B, 1, d), room for h_0.  Wf, cfg, cache: the stack's, as
     kernels.block's cached builds take them for T = 1 (cache[2] is past; its table holds
-    every block's weights and caches).  head = (ln_f, eps_f, Ep, vocab): ln_f = [gamma |
-    beta] (2d), or gamma (d) for RMSNorm, Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
+    every block's weights and caches; an eighth field, seqs: a ragged step's pairs).
+    head = (ln_f, eps_f, Ep, vocab): ln_f = [gamma | beta] (2d), or gamma (d) for
+    RMSNorm, Ep: E packed for the head (lm_head.pack_head).  parallel = (stack, head):
     which build of each runs (the caller decides as it would for the two calls; a serial
     one is sized for one thread, as there); nthr: the threads of the parallel ones."""
     ids, E, P, H = embed
     ln_f, eps_f, Ep, vocab = head
-    past = cache[2]
+    past, seqs = cache[2], ragged_pairs(cache)
     B = ids.size
     d = H.shape[2]
     for b in range(B):
@@ -54,8 +59,9 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     for b in range(B):
         embed_row(E, ids[b], d, h, b * d)
         if P.shape[0] > 0:
+            pos = seqs[2 * b + 1] if seqs.size > 0 else past      # each ragged sequence its own
             for j in range(d):
-                h[b * d + j] += P[past, j]
+                h[b * d + j] += P[pos, j]
     if parallel[0]:
         out3, bad = cached_parallel(H, Wf, cfg, cache, nthr)
     else:

@@ -32,7 +32,7 @@ from .options import kernel
 from .records import KV, Att, FlashWork, Rows
 from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, psplat, pstore, vadd,
                    vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
-from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task, query_tile
+from .stages import attention_task, attention_work, cache_packed_task, cache_rows_task, query_tile, seq_at
 from .tiles import BK, BQ
 from .widen import bf16_load, i8_load
 
@@ -193,8 +193,9 @@ def _round_into(src, off, n, dst, d_off, step):
 def stored_rows_task(qkv, dims, t, cache):
     """cache_rows_task for a stored cache: the keys and values of the T new rows of K/V
     head h = t % kv_heads of sequence b = t // kv_heads, from (B*T, 3d) rows [Q | K | V],
-    rounded into the cache at tokens past..past+T-1 (int8: each row's scale beside it)."""
-    Kc, Vc, past, max_T = cache
+    rounded into the cache at tokens past..past+T-1 (int8: each row's scale beside it;
+    a ragged step's sequence b: the cache's sequence and past of seq_at)."""
+    Kc, Vc, max_T = cache.K, cache.V, cache.max_T
     T, d = dims.T, dims.d
     NR = panel_lanes(qkv)
     extra = scale_bytes(Kc)
@@ -203,14 +204,16 @@ def stored_rows_task(qkv, dims, t, cache):
     ldv = up16(dk) + extra
     b = t // dims.kv_heads
     h = t % dims.kv_heads
+    seq, past = seq_at(cache, b)
+    head = seq * dims.kv_heads + h              # the cache's (sequence, K/V head)
     for i in range(T):
         src = (b * T + i) * (3 * d) + h * dk
         p = past + i
-        pan = t * panels(max_T, NR) * kst + (p // NR) * kst
+        pan = head * panels(max_T, NR) * kst + (p // NR) * kst
         s = round_into(qkv, src + d, dk, Kc, pan + p % NR, NR)
         if extra:
             f32_put(Kc, pan + dk * NR + 4 * (p % NR), s)
-        row = (t * max_T + p) * ldv
+        row = (head * max_T + p) * ldv
         s = round_into(qkv, src + 2 * d, dk, Vc, row, 1)
         if extra:
             f32_put(Vc, row + up16(dk), s)
@@ -219,19 +222,21 @@ def stored_rows_task(qkv, dims, t, cache):
 @kernel(standalone=True, internal=True)
 def stored_attention_task(q, ldq, dims, t, cache, work, w_pos):
     """attention_task for a stored cache (the same tasks, scratch and numbering): one
-    query tile of one head of one sequence, over the cache's keys 0..past+T-1."""
-    past, max_T = cache.past, cache.max_T
+    query tile of one head of one sequence, over the cache's keys 0..past+T-1 (seq_at's
+    sequence and past: a ragged step's own)."""
+    max_T = cache.max_T
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     NR = panel_lanes(q)
     dk = d // n_heads
     extra = scale_bytes(cache.K)
     ldv = up16(dk) + extra
     b, h, q0, q1 = query_tile(t, T, n_heads)
-    bh = b * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
+    seq, past = seq_at(cache, b)
+    bh = seq * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
     m = q1 - q0
     keys = past + T
     bk = min(BK, panels(keys, NR) * NR)
-    pos = w_pos + t * attention_work(min(T, BQ), keys, dk, NR, q.itemsize) if work.size > 0 else 0
+    pos = w_pos + t * attention_work(min(T, BQ), cache.past + T, dk, NR, q.itemsize) if work.size > 0 else 0
     Qt, pos = take(work, pos, m * dk)
     S, pos = take(work, pos, bk)
     O, pos = take(work, pos, m * panels(dk, NR) * NR)

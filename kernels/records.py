@@ -48,10 +48,14 @@ A block call (stages, block):
                              panels, layout.ffn_cols), rope_theta > 0 rotary positions
                              (0: none) with positions divided by rope_scale
     Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
-    Cache(K, V, past, max_T) the keys and values attention reads: packed K^T and V for
-                             max_T tokens a head, past of them there before this call;
-                             their dtype says the cache's format (float: fp32; uint16:
-                             bf16; int8: int8, its scales beside: kernels.kvstore)
+    Cache(K, V, past, max_T, seqs)   the keys and values attention reads: packed K^T
+                             and V for max_T tokens a head, past of them there before
+                             this call; their dtype says the cache's format (float: fp32;
+                             uint16: bf16; int8: int8, its scales beside: kernels.kvstore).
+                             seqs (2n,) intp: empty, or a ragged decode step's pairs
+                             [slot, past] (call sequence b is the cache's sequence
+                             seqs[2b] after its seqs[2b + 1] tokens; past their largest:
+                             stages.seq_at)
     Scratch(plan, work, slot, dest, rope)   the stage plan, a work buffer (or empty), which
                              of its two output buffers to use, the output's place (or
                              empty), the rotary table of the call's rows (rotary.rope_table;
@@ -75,7 +79,7 @@ FlashWork = namedtuple("FlashWork", "Qt S O mrow lrow")
 
 Dims = namedtuple("Dims", "T d n_heads dff causal pre_ln act eps kv_heads rms gated rope_theta rope_scale")
 Grid = namedtuple("Grid", "nthr mc groups")
-Cache = namedtuple("Cache", "K V past max_T")
+Cache = namedtuple("Cache", "K V past max_T seqs")
 Scratch = namedtuple("Scratch", "plan work slot dest rope")
 
 # The attention half (stages 1-2): X, the projection's input (H, or LN1 of it); ln, whether

@@ -208,6 +208,16 @@ def attention_work(m, keys, dk, NR, itemsize):
             + 2 * up16(m * 8 // itemsize))
 
 
+@kernel(internal=True, inline="always")
+def seq_at(cache, b):
+    """(sequence, past) of call sequence b in a Cache: the cache's sequence it writes and
+    reads, and the tokens there before it.  b and cache.past, or a ragged decode step's
+    pair (cache.seqs: each sequence its own slot and length)."""
+    if cache.seqs.size > 0:
+        return cache.seqs[2 * b], cache.seqs[2 * b + 1]
+    return b, cache.past
+
+
 @kernel(internal=True)
 def query_tile(t, T, n_heads):
     """(b, h, q0, q1): attention task t's sequence, head and query rows q0:q1, the tasks
@@ -231,19 +241,21 @@ def attention_task(q, ldq, dims, t, kv, work, w_pos):
     different heads would compete for it (docs/perf-log.md).  Scratch: task t's
     attention_work at w_pos + t times that of a tile of min(T, BQ) queries in ``work``, or
     new arrays (work empty)."""
-    kt, vp, past, max_T = kv
+    kt, vp, max_T = kv.K, kv.V, kv.max_T
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     NR = panel_lanes(kt)
     dk = d // n_heads
     ktn = kt_len(max_T, dk, NR)
     ldv = v_stride(dk, NR)
     b, h, q0, q1 = query_tile(t, T, n_heads)
-    bh = b * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
-    # scratch sized to this tile (a short sequence needs far less than BQ x BK)
+    seq, past = seq_at(kv, b)
+    bh = seq * dims.kv_heads + h // (n_heads // dims.kv_heads)     # the K/V head it reads
+    # scratch sized to this tile (a short sequence needs far less than BQ x BK), each
+    # task's at the stride of the call's most keys (kv.past: every task's in a ragged step)
     m = q1 - q0
     keys = past + T
     bk = min(BK, panels(keys, NR) * NR)
-    pos = w_pos + t * attention_work(min(T, BQ), keys, dk, NR, q.itemsize) if work.size > 0 else 0
+    pos = w_pos + t * attention_work(min(T, BQ), kv.past + T, dk, NR, q.itemsize) if work.size > 0 else 0
     Qt, pos = take(work, pos, m * dk)
     S, pos = take(work, pos, min(m, QSUB) * bk)
     O, pos = take(work, pos, m * ldv)
@@ -278,8 +290,9 @@ def cache_rows_task(qkv, dims, t, cache):
     """Keys and values of the T new rows of K/V head h = t % kv_heads of sequence
     b = t // kv_heads, from (B*T, 3d) projection rows [Q | K | V], into a KVCache at tokens
     past..past+T-1: K^T panels (head after head, kt_len(max_T) apart) and V rows of
-    v_stride (max_T rows a head), the layouts attention_task reads."""
-    Kc, Vc, past, max_T = cache
+    v_stride (max_T rows a head), the layouts attention_task reads (a ragged step's
+    sequence b: the cache's sequence and past of seq_at)."""
+    Kc, Vc, max_T = cache.K, cache.V, cache.max_T
     T, d = dims.T, dims.d
     NR = panel_lanes(Kc)
     W = lanes(Kc)
@@ -288,14 +301,16 @@ def cache_rows_task(qkv, dims, t, cache):
     ldv = v_stride(dk, NR)
     b = t // dims.kv_heads
     h = t % dims.kv_heads
-    kt = t * kt_len(max_T, dk, NR)
+    seq, past = seq_at(cache, b)
+    head = seq * dims.kv_heads + h              # the cache's (sequence, K/V head)
+    kt = head * kt_len(max_T, dk, NR)
     for i in range(T):
         src = (b * T + i) * ld + h * dk
         p = past + i
         key = kt + (p // NR) * dk * NR + p % NR     # column p % NR of its panel
         for c in range(dk):
             Kc[key + c * NR] = qkv[src + d + c]
-        row = (t * max_T + p) * ldv
+        row = (head * max_T + p) * ldv
         for c in range(0, dk, W):
             vstore_n(Vc, row + c, vload_n(qkv, src + 2 * d + c, dk - c), dk - c)
 
@@ -305,7 +320,7 @@ def cache_packed_task(kt, vp, dims, t, cache):
     """Task t's (a (sequence, K/V head)'s) keys and values of a first chunk, packed by stage 1 (attention_buffers:
     the same panels and rows for T tokens), into a KVCache at tokens 0..T-1: two
     contiguous copies."""
-    Kc, Vc, _, max_T = cache
+    Kc, Vc, max_T = cache.K, cache.V, cache.max_T
     T = dims.T
     NR = panel_lanes(kt)
     W = lanes(Kc)

@@ -93,8 +93,9 @@ def new_rows(bufs, dims, t, cache):
         group = dims.n_heads // dims.kv_heads
         b, g = t // dims.kv_heads, t % dims.kv_heads
         base = b * T * 3 * d
-        rotate_rows(bufs.q, base + g * group * dk, 3 * d, T, group, dk, bufs.rope, 0)
-        rotate_rows(bufs.q, base + d + g * dk, 3 * d, T, 1, dk, bufs.rope, 0)
+        r0 = b * T if cache.seqs.size > 0 else 0    # a ragged step's table: a row a sequence
+        rotate_rows(bufs.q, base + g * group * dk, 3 * d, T, group, dk, bufs.rope, r0)
+        rotate_rows(bufs.q, base + d + g * dk, 3 * d, T, 1, dk, bufs.rope, r0)
     if cache.past >= 0:
         cache_new_rows(bufs.q, dims, t, cache)
 
@@ -134,7 +135,7 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
             new_rows(bufs, dims, t, cache)
         attention_direct_task(bufs.q, dims, t, bufs.srow)
     elif stage == ATTEND:
-        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T), bufs.work, bufs.w_pos)
+        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T, cache.seqs), bufs.work, bufs.w_pos)
     elif stage == ROPE:
         rope_packed(bufs, dims, t)
     else:

@@ -110,6 +110,7 @@ class DecodeStep:
             self.max_T = min(c0.max_T, P.shape[0])      # no position past P's rows
         self.caches = tuple(weakref.ref(c) for c in caches)
         self.ids = np.empty(B, dtype=np.int64)          # the step's tokens, copied in
+        self.seqs = np.empty(2 * B, dtype=np.intp)      # a ragged step's [slot, past] pairs
         self.H = np.empty((B, 1, d), dtype=dtype)       # (B, 1, d): room for their embeddings
         stored = isinstance(E, QuantizedMatrix)            # E^T stored: (d, vocab), rows = tokens
         self.vocab = E.shape[1] if stored else E.shape[0]
@@ -148,20 +149,81 @@ class DecodeStep:
               or not out.flags.c_contiguous or not out.flags.writeable):
             return None
         self.ids[:] = ids.reshape(B)        # a token id past int64 wraps negative: refused in the step
-        if self._run(c0, past, out.reshape(B * self.vocab)) != -1:
+        if self._run(c0, past, out.reshape(B * self.vocab), B, None) != -1:
             return None
         for c in caches:
             c.length = past + 1
         return out if ids.ndim == 2 else out[0]
 
-    def _run(self, c0, past: int, logits: np.ndarray) -> int:
-        """kernels.decode.decode_step of self.ids at position ``past`` into logits (B * vocab,
-        flat): its code (-1: done)."""
+    def _run(self, c0, past: int, logits: np.ndarray, n: int, seqs: np.ndarray) -> int:
+        """kernels.decode.decode_step of self.ids[:n] at position ``past`` (seqs: a ragged
+        step's [slot, past] pairs, past their largest; None: uniform, a cache argument of
+        the fields it had before ragged steps) into logits (n * vocab, flat): its code (-1:
+        done)."""
         # sized as run_cached and lm_head size their calls: the same builds, the same sums
-        stack = not is_serial(cached_flops(self.batch, 1, past, self.per_row, self.per_key))
+        stack = not is_serial(cached_flops(n, 1, past, self.per_row, self.per_key))
         head = self.head_parallel and _runtime.parallel_allowed()
         cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
-        args = (self._embed,) + self._stack + (cache, self._head, logits, (stack, head))
+        if seqs is not None:
+            cache += (seqs,)
+        embed = self._embed
+        if n != self.batch:
+            embed = (self.ids[:n], embed[1], embed[2], self.H[:n])
+        args = (embed,) + self._stack + (cache, self._head, logits, (stack, head))
         if stack or head:
             return parallel_call(decode_step, *args, pass_threads=True)
         return decode_step(*args, 1)
+
+    def ragged(self, ids, slots, pasts, out=None):
+        """One token for each of n <= batch of the caches' sequences, each at its own length:
+        row i is token ids[i] of sequence slots[i], which holds pasts[i] tokens; its key and
+        value are written at position pasts[i] of that slot in every block's cache and it
+        attends over keys 0..pasts[i].  Returns out (n, vocab) (None: a new array), its row
+        i those logits; None, with nothing written, when a token id is not in [0, vocab) or
+        a block's input is not finite.  No cache's length changes (the caller keeps each
+        slot's); slots not in the call are untouched.
+
+        ids, slots, pasts: (n,) integer arrays (or sequences), slots distinct in [0, batch),
+        1 <= pasts[i] < max_T (and < the learned positions' rows); out: a C-contiguous
+        writable (n, vocab) array of the step's dtype.  ValueError, nothing changed, else."""
+        caches = [ref() for ref in self.caches]
+        if any(c is None for c in caches):
+            raise ValueError("the caches this step was prepared for are gone: prepare a new step")
+        ids, slots, pasts = (_int_vector(name, v, self.batch) for name, v in
+                             (("ids", ids), ("slots", slots), ("pasts", pasts)))
+        n = ids.size
+        for name, v in (("slots", slots), ("pasts", pasts)):
+            if v.size != n:
+                raise ValueError(f"{name} must have one entry per token of ids ({n}), got {v.size}")
+        if slots.min() < 0 or slots.max() >= self.batch or np.unique(slots).size != n:
+            raise ValueError(f"slots must be distinct sequences of the caches in [0, {self.batch}), "
+                             f"got {slots.tolist()}")
+        if pasts.min() < 1 or pasts.max() >= self.max_T:
+            raise ValueError(f"pasts must be token counts in [1, {self.max_T}) (a slot's cached tokens, one "
+                             f"more to come), got {pasts.tolist()}")
+        if out is None:
+            out = np.empty((n, self.vocab), dtype=self.dtype)
+        elif (not isinstance(out, np.ndarray) or out.shape != (n, self.vocab) or out.dtype != self.dtype
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"out must be a writable C-contiguous {np.dtype(self.dtype)} array of shape "
+                             f"{(n, self.vocab)}, got {_describe(out)}")
+        self.ids[:n] = ids
+        seqs = self.seqs[:2 * n]
+        seqs[0::2], seqs[1::2] = slots, pasts
+        if self._run(caches[0], int(pasts.max()), out.reshape(n * self.vocab), n, seqs) != -1:
+            return None
+        return out
+
+
+def _int_vector(name: str, v, most: int) -> np.ndarray:
+    """v as a (n,) int64 array, 1 <= n <= most; ValueError naming ``name`` otherwise."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "iu" or a.ndim != 1 or not 1 <= a.size <= most:
+        raise ValueError(f"{name} must be a 1-D integer array of 1 to {most} entries (the caches' batch), "
+                         f"got {_describe(a)}")
+    return a.astype(np.int64)       # past int64 wraps negative: refused as out of range
+
+
+def _describe(a) -> str:
+    """An argument's kind for an error message: an array's shape and dtype, else its type."""
+    return f"shape {a.shape} {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
