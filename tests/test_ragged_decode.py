@@ -258,3 +258,31 @@ def test_learned_positions_bound_the_pasts(gpt2):
     assert np.array_equal(out[0], alone(gpt2, np.append(np.arange(N_POS - 1) % VOCAB, 4), max_T=N_POS))
     with pytest.raises(ValueError, match="pasts"):
         step.ragged([4], [1], [N_POS])
+
+
+def test_llama_float64_matches_the_oracle(llama_path):
+    """Rotary positions per row in float64, against the oracle to 1e-12."""
+    model = Llama.from_pretrained(llama_path, dtype=np.float64)
+    out, seqs, _, _ = run_ragged(model, 3, [np.arange(1, 9), [3], np.arange(5, 22) % 97], [2, 0, 1])
+    for i, seq in enumerate(seqs):
+        assert rel(out[i], model(seq, backend="numpy")[-1]) < 1e-12, i
+
+
+def test_the_parallel_build(gpt2, monkeypatch):
+    """Every call on the threads (no size runs serially): rows still equal each sequence
+    decoded alone by the uniform step, which runs the parallel build too."""
+    from tblock.backends.numba import cached, parallel
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 0)
+    calls = []
+
+    def counted(fn, *args, **kw):
+        calls.append(fn.__name__ if hasattr(fn, "__name__") else fn.py_func.__name__)
+        return parallel.parallel_call(fn, *args, **kw)
+    monkeypatch.setattr(cached, "parallel_call", counted)
+    prompts = [np.arange(16) % VOCAB, [7], np.arange(3, 36) % VOCAB]
+    out, seqs, caches, before = run_ragged(gpt2, 4, prompts, [3, 1, 0])
+    assert "decode_step" in calls
+    for i, seq in enumerate(seqs):
+        assert np.array_equal(out[i], alone(gpt2, seq)), i
+        assert rel(out[i], gpt2(seq, backend="numpy")[-1]) < F32_BOUND
+    assert_others_untouched(caches, before, [3, 1, 0])
