@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,7 @@ from types import SimpleNamespace
 import numpy as np
 from common import add_json, add_threads, child_failure, finish, int_list, last_json, machine_line, machine_record, \
     positive_int, run_child
-from engine_llama_cpp import LLAMA_CPP_PYTHON, gguf_file, llama_cpp_build, llama_cpp_tree
+from engine_llama_cpp import add_engine_args, gguf_file, llama_cpp_build, llama_cpp_tree
 from engine_models import MODELS, checkpoint, parse_model
 from engine_util import Unavailable, log, run_logged
 
@@ -278,14 +277,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true",
                     help=f"a tiny GPT-2 ({QUICK['model']}), {QUICK['prompts']} prompts of {QUICK['lengths']} tokens, "
                          f"{QUICK['new']} new, B {QUICK['batches']}: checks the flow, measures nothing")
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TBLOCK_ENGINES_CACHE",
-                                                                      Path.home() / ".cache" / "tblock-engines")),
-                    help="bench_engines.py's cache of checkpoints, builds and GGUFs (default "
-                         "$TBLOCK_ENGINES_CACHE or ~/.cache/tblock-engines)")
-    ap.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, metavar="VERSION",
-                    help=f"the llama-cpp-python source package whose llama.cpp is built (default {LLAMA_CPP_PYTHON})")
-    ap.add_argument("--build-jobs", type=positive_int, default=os.cpu_count() or 2, help="cmake's -j")
-    ap.add_argument("--no-install", action="store_true", help="build and download nothing: report what is missing")
+    add_engine_args(ap, "bench_engines' checkpoints, builds and GGUFs")
     add_threads(ap, 2)
     add_json(ap)
     args = ap.parse_args(argv)

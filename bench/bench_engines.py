@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
-import os
 import sys
 import time
 import traceback
@@ -79,7 +78,7 @@ import numpy as np
 from child_engine import prompt_ids
 from common import add_json, add_threads, finish, machine_line, machine_record, positive_int, rel_err
 from engine_converted import ctranslate2_rows, openvino_rows
-from engine_llama_cpp import LLAMA_CPP_PYTHON, llama_cpp_rows
+from engine_llama_cpp import add_engine_args, llama_cpp_rows
 from engine_models import MODELS, checkpoint, parse_model
 from engine_util import Unavailable, log, row, timed
 
@@ -348,14 +347,7 @@ def parse_args(argv):
                     help=f"make the checkpoint and the converted files of {', '.join(PREPARED)} (those in "
                          f"--engines and --formats) into the cache, time nothing")
     ap.add_argument("--seed", type=int, default=0, help="torch's seed for the weights, numpy's for the prompts")
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TBLOCK_ENGINES_CACHE",
-                                                                      Path.home() / ".cache" / "tblock-engines")),
-                    help="where builds, downloads and converted models go (default $TBLOCK_ENGINES_CACHE or "
-                         "~/.cache/tblock-engines)")
-    ap.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, metavar="VERSION",
-                    help=f"the llama-cpp-python source package whose llama.cpp is built (default {LLAMA_CPP_PYTHON})")
-    ap.add_argument("--build-jobs", type=positive_int, default=os.cpu_count() or 2, help="cmake's -j (default: every core)")
-    ap.add_argument("--no-install", action="store_true", help="pip-install and build nothing: report what is missing")
+    add_engine_args(ap, "builds, downloads and converted models")
     add_threads(ap, 2)
     add_json(ap)
     args = ap.parse_args(argv)

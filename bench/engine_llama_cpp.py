@@ -6,13 +6,14 @@ cache; a second run reuses it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-from common import HERE, child_failure
+from common import HERE, child_failure, positive_int
 from engine_util import Unavailable, fresh, log, row, run_logged
 
 LLAMA_CPP_PYTHON = "0.3.36"     # the llama-cpp-python release whose llama.cpp this script was checked with
@@ -154,3 +155,15 @@ def llama_cpp_rows(ctx) -> list:
         rows.append(row("llama.cpp", kind, fmt, [s / ctx.args.gen for s in d], p, nbytes,
                         "GGUF tensors but position_embd", info, kv_bytes))
     return rows
+
+
+def add_engine_args(ap, what: str) -> None:
+    """The options of a bench that builds llama.cpp into the engines cache: --cache (``what``
+    goes there), --llama-cpp-python, --build-jobs, --no-install."""
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TBLOCK_ENGINES_CACHE",
+                                                                      Path.home() / ".cache" / "tblock-engines")),
+                    help=f"where {what} go (default $TBLOCK_ENGINES_CACHE or ~/.cache/tblock-engines)")
+    ap.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, metavar="VERSION",
+                    help=f"the llama-cpp-python source package whose llama.cpp is built (default {LLAMA_CPP_PYTHON})")
+    ap.add_argument("--build-jobs", type=positive_int, default=os.cpu_count() or 2, help="cmake's -j (default: every core)")
+    ap.add_argument("--no-install", action="store_true", help="build and download nothing: report what is missing")

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_gpt2 import hf_config, random_tensors, write_checkpoint
+from test_generate import VOCAB, ckpt  # noqa: F401  (ckpt: test_generate's random checkpoint, a fixture)
 
 import tblock
 from tblock.jobs import JobOutput, read_requests, record_of
@@ -29,20 +29,7 @@ pytestmark = pytest.mark.ray
 # the actors' classes below go to the workers by value: they cannot import this file
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-VOCAB, N_POS, D, LAYERS, HEADS = 101, 48, 32, 2, 4
-SHAPE = dict(vocab_size=VOCAB, n_positions=N_POS, n_embd=D, n_layer=LAYERS, n_head=HEADS)
 STORE = 80 * 2 ** 20        # each node's object store: the rows are a few KB
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """test_generate's checkpoint: random weights, positions 4x larger so that greedy
-    continuations do not just repeat one token."""
-    root = tmp_path_factory.mktemp("ray") / "ckpt"
-    tensors = random_tensors(np.random.default_rng(18), VOCAB, N_POS, D, LAYERS)
-    tensors["transformer.wpe.weight"] *= 4
-    write_checkpoint(root, tensors, hf_config(**SHAPE))
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -200,20 +187,17 @@ def test_job_equals_generate_and_resumes(cluster, tmp_path, ckpt, model, order):
 
 
 class NodeRecorder(Generator):
-    """Generator that appends its node's id to the file ``nodes`` at each call."""
+    """Generator that appends its node's id to the file ``nodes`` when its actor starts."""
 
     def __init__(self, model_path, nodes, **kw):
         super().__init__(model_path, **kw)
-        self.nodes = nodes
-
-    def __call__(self, batch):
-        with open(self.nodes, "a") as f:
+        with open(nodes, "a") as f:
             f.write(ray.get_runtime_context().get_node_id() + "\n")
-        return super().__call__(batch)
 
 
 def test_job_on_every_node_of_the_cluster(cluster, tmp_path, ckpt, model):
-    """By default one actor per node: on the two-node cluster both nodes generate."""
+    """By default one actor per node: on the two-node cluster an actor starts on each (which
+    of them gets the batches is Ray Data's affair, so the test counts the actors' nodes)."""
     requests = requests_of(tmp_path, model, job_rows(8))
     nodes = tmp_path / "nodes"
     with JobOutput(tmp_path / "out.jsonl", {"job": "test"}) as out:
