@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import check_int
-from .models.sampling import check_filters, check_temperature
+from .models.sampling import check_filters, check_temperature, check_token_id
 
 # the per-line parameters and the keyword of generate_many each one goes to
 PARAMS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k",
@@ -70,10 +70,7 @@ def check_param(name: str, value, vocab_size: int):
     if name == "seed":
         return check_int(name, value, 0)
     if name == "eos":
-        eos = check_int(name, value, 0)
-        if eos >= vocab_size:
-            raise ValueError(f"eos must be a token id in [0, vocab_size={vocab_size}), got {eos}")
-        return eos
+        return check_token_id(name, value, vocab_size)
     raise ValueError(f"unknown parameter {name!r}: expected one of {', '.join(PARAMS)}")
 
 

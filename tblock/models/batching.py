@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import check_int
 from ..kvcache import check_kv_format
-from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
+from .sampling import check_filters, check_temperature, check_token_id, draw, next_token_probs, rng_of
 
 
 class Request:
@@ -57,11 +57,7 @@ class Request:
                              f"(the model's context): at most {room - T}")
         self.temperature = check_temperature(temperature)
         self.top_k, self.top_p = check_filters(top_k, top_p)
-        if eos is not None:
-            eos = check_int(f"eos_token_id (of {where})", eos, 0)
-            if eos >= model.vocab_size:
-                raise ValueError(f"eos_token_id (of {where}) must be in [0, vocab_size={model.vocab_size}), got {eos}")
-        self.eos = eos
+        self.eos = None if eos is None else check_token_id(f"eos_token_id (of {where})", eos, model.vocab_size)
         self.rng = rng_of(seed)
         self.tokens = list(self.ids)            # the prompt, then each new token
 

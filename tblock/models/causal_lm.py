@@ -31,7 +31,7 @@ from ..formats import QuantizedMatrix, dequantize
 from ..kvcache import KVCache, check_kv_format, kv_bytes_per_token
 from ..weights import FLOAT_DTYPES, BlockWeights, as_float_array, check_finite, frozen_copy
 from .batching import generate_many, stream_many
-from .sampling import check_filters, check_temperature, draw, next_token_probs, rng_of
+from .sampling import check_filters, check_temperature, check_token_id, draw, next_token_probs, rng_of
 
 
 def check_dtype(dtype) -> np.dtype:
@@ -438,10 +438,7 @@ class CausalLM:
         top_k, top_p = check_filters(top_k, top_p)
         check_kv_format(cache_format, self.dtype, "cache_format")
         if eos_token_id is not None:
-            eos_token_id = check_int("eos_token_id", eos_token_id, 0)
-            if eos_token_id >= self.vocab_size:
-                raise ValueError(f"eos_token_id must be a token id in [0, vocab_size={self.vocab_size}), "
-                                 f"got {eos_token_id}")
+            eos_token_id = check_token_id("eos_token_id", eos_token_id, self.vocab_size)
         rng = rng_of(seed)
         if temperature == 0.0:
             def pick(logits):               # (B, vocab) -> (B,): the first of equal maxima

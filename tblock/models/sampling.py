@@ -111,3 +111,11 @@ def rng_of(seed) -> np.random.Generator:
     if seed is not None:
         check_int("seed", seed, 0)
     return np.random.default_rng(seed)
+
+
+def check_token_id(name: str, value, vocab_size: int) -> int:
+    """value as a token id in [0, vocab_size) (an eos), or TypeError/ValueError naming ``name``."""
+    token = check_int(name, value, 0)
+    if token >= vocab_size:
+        raise ValueError(f"{name} must be a token id in [0, vocab_size={vocab_size}), got {token}")
+    return token
