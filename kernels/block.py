@@ -220,11 +220,12 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
-    if halves == 2:
-        # a decode step: both halves in one parallel region, its stages apart by
+    if nthr > 1 and rows <= MC * nthr:
+        # few rows (a decode step, a short sequence: stage_grid gives every GEMM task all
+        # the rows): both halves in one parallel region, its stages apart by
         # finished-task counts (wait_for), not a region each, whose start and join cost
-        # a visible part of a stage this short (docs/perf-log.md); every buffer is set
-        # out before the region
+        # a visible part of stages this short (docs/perf-log.md); every buffer is set
+        # out before the region, which at these sizes adds little to the peak of memory
         out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr)
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
         output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
