@@ -18,10 +18,11 @@ dtype) only its own.
 
 A stored matrix times one row (a decode step) reads each stored row once
 (qgemv.row_dot; with dot "int8", qdot.gemv_int8 on the row rounded once); times many
-rows, the task's panels are first unpacked into float32 panels in a scratch of its own
-(qgemv.unpack_row, k x NR per panel: L2-sized) and multiplied by gemm_panels, so the
-unpacking is shared by the tile's rows (with dot "int8", by rows rounded first:
-qdot.rounded_rows).
+rows with dot "int8" on a CPU with VNNI, igemm multiplies the rounded rows by the stored
+bytes in int32 (stored_igemm); otherwise the task's panels are first unpacked into
+float32 panels in a scratch of its own (qgemv.unpack_row, k x NR per panel: L2-sized) and
+multiplied by gemm_panels, so the unpacking is shared by the tile's rows (with dot
+"int8", by rows rounded first: qdot.rounded_rows).
 
 With dot "bf16" (Stored.dot uint16) a block's matrices are not stored rows but bf16 pair
 panels (bgemm.pack_bf16_panels, uint32, the float GEMM's NR columns a panel), and every
@@ -40,10 +41,14 @@ from .bgemm import NR as BF16_NR
 from .bgemm import bf16_packed_size, bf16_rows, bgemm_panels
 from .gemm import gemm_block, gemm_panels
 from .options import borrowed, borrowed_at, kernel
-from .qdot import gemv_int8, rounded_rows
+from .igemm import igemm
+from .qdot import KIND, gemv_int8, rounded_rows
 from .qgemv import row_dot, unpack_row
 from .records import Panels, Rows, Stored, Tile
 from .simd import panel_lanes
+
+
+INTEGER_GEMM = KIND == "vnni"     # elsewhere the widened float GEMM is faster (docs/perf-log.md)
 
 
 def _is_stored(W):
@@ -119,6 +124,9 @@ def _weights_gemm(float_gemm):
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W) and W[1].dtype == types.uint32:
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_bgemm(
+                A, a, W, b, C, c, tile, accumulate, bias_off)
+        if _is_stored(W) and W[3].dtype == types.int8 and INTEGER_GEMM:
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_igemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_gemm(
@@ -263,6 +271,22 @@ def stored_gemm(A, a, W, b, C, c, tile, accumulate, bias_off):
         Bs[bias:bias + npn * NR] = f[bias_off + j0:bias_off + j0 + npn * NR]
     gemm_panels(Ax, ax, Bs, Panels(0, k * NR, k, b.n - j0), C, Rows(c.off + j0, c.ld),
                 Tile(i0, i1, 0, npn), accumulate, bias)
+
+
+@kernel(readonly=("A",), internal=True)
+def stored_igemm(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """stored_gemm for dot "int8" where the CPU has VNNI: many rows by igemm's integer GEMM
+    on the stored bytes (no unpacking), one row as stored_gemm's."""
+    f = W.f
+    NR = panel_lanes(f)
+    q0, d_in, k0 = stored_band(W.map, b.off, b.ld, NR)
+    i0, i1, p0, p1 = tile
+    band = (d_in, k0, b.k, p0 * NR, min(p1 * NR, b.n))
+    bias = f[bias_off:] if bias_off >= 0 else f[:0]
+    if i1 - i0 == 1:
+        row_products(A, a.off + i0 * a.ld, W.q[q0:], W.dot, band, bias, C, c.off + i0 * c.ld, accumulate)
+    else:
+        igemm(A, a, W.q[q0:], band, (i0, i1), bias, C, c, accumulate)
 
 
 @kernel(readonly=("A",), internal=True)

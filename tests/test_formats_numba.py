@@ -131,7 +131,8 @@ def test_stored_head_matches_the_reference(fmt, rng):
 def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     """A user of one format and dot compiles none of the others' loops (a first call pays
     only for its own), from an empty Numba cache: int8 and int4 with dot "int8" compile the
-    integer kernels (kernels.qdot) and not the widening ones, with dot "fp32" the reverse;
+    integer kernels (kernels.qdot, and kernels.igemm for many rows where the CPU has VNNI)
+    and not the widening ones, with dot "fp32" the reverse;
     bf16 blocks with dot "bf16" compile bgemm (and not stored_gemm), their head (stored
     rows) the rounding of its rows and the widening row dot; bf16 with dot "fp32", no bgemm."""
     import json
@@ -143,15 +144,16 @@ def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     p = subprocess.run(proc("format_builds", fmt, dot), capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr
     builds = json.loads(p.stdout.strip().splitlines()[-1])
-    if dot == "int8":
-        own = {"gemv_int8", "round_blocks", "rounded_rows"}
+    from tblock.kernels.wgemm import INTEGER_GEMM
+    if dot == "int8":       # many rows: the integer GEMM where the CPU has VNNI, else widened panels
+        own = {"gemv_int8", "round_blocks"} | ({"stored_igemm", "igemm"} if INTEGER_GEMM else {"rounded_rows"})
     elif dot == "bf16":
         own = {"stored_bgemm", "bgemm_panels", "bgemm_packed", "bf16_rows", "dot_rows"}
     else:
         own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
     for name, n in builds.items():
         if name == "stored_gemm":
-            assert (n > 0) == (fmt != "fp32"), builds
+            assert (n > 0) == (fmt != "fp32" and not (dot == "int8" and INTEGER_GEMM)), builds
         else:
             assert (n > 0) == (name in own), builds
     if dot == "int8":       # one build of the rows of its own format
