@@ -32,9 +32,10 @@ compile short.  Each thread claims the stage's tasks one at a time from a shared
 OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
 one by one (each head's costly query tiles first) they balance the cores.  With one row
 tile (a decode step, where every stage streams weights) the tasks are two halves with a
-counter each, so each thread streams a run of neighbouring panels (next_task), and the
-whole block is one parallel region whose stages wait for the count of the previous
-stage's finished tasks (options.finished, options.wait_for).
+counter each, so each thread streams a run of neighbouring panels (next_task).  With few
+rows (every GEMM task holds all of them: a decode step, a short sequence) the whole block
+is one parallel region whose stages wait for the count of the previous stage's finished
+tasks (options.finished, options.wait_for), not a region a stage.
 ``block_serial`` is the same code compiled without prange, for sizes where launching a
 parallel region costs more than the work (the lesson's toy block); it writes into an
 output its caller made (handing a Numba array back to Python costs more).  A stack of blocks
