@@ -78,7 +78,7 @@ def _layouts(H):
 
 def test_warmup_compiles_everything_used_by_forward():
     """After warmup(), no call compiles: both dtypes, the serial and the parallel block,
-    the trace path, and inputs of any flags and layout (issue #13: a writeable or a
+    the trace path, a model's decode steps for one prompt and several, and inputs of any flags and layout (issue #13: a writeable or a
     non-contiguous input compiled again, 6-17 s)."""
     tblock.warmup()
     before = _compiled_signatures()
@@ -96,6 +96,7 @@ def test_warmup_compiles_everything_used_by_forward():
             model = tblock.GPT2.from_config(vocab_size=vocab, n_positions=64, n_embd=d, n_layer=2, n_head=4,
                                             seed=0, dtype=dtype)
             model.generate(np.arange(5), 20, temperature=0)
+            model.generate_many([np.arange(5), np.arange(2), np.arange(7)], 6, temperature=0)
     assert _compiled_signatures() == before
 
 
