@@ -40,7 +40,7 @@ from .widen import half_load
 RW = PATH.vector_bytes // 4     # rows of a group: the int32 lanes of one vector
 QUADS = QBLOCK // 4             # vpdpbusd steps a block
 NC = 4                          # columns of a micro-tile of 2 row groups (8 int32 and 8 float accumulators)
-JB = 64                         # columns whose weights stay in L2 while every row group passes
+JB = 64                         # columns prepared at a time: their bytes stay in L2 while every row group passes
 _I32 = Vec(types.int32, RW)
 _F32 = Vec(types.float32, RW)
 _U8 = Vec(types.int8, 4 * RW)      # packed rows' bytes (u8 to vpdpbusd)
@@ -293,17 +293,19 @@ def igemm(A, a, Wq, band, rows, bias, C, c, accumulate):
     pack_rows(A, a.off + i0 * a.ld, a.ld, m, k, Ap, Da)
     size = block_size(Wq)
     q8 = size == 34
-    dw, corr = np.empty(n * nb, dtype=np.float32), np.empty(n * nb, dtype=np.int32)
-    Wu = np.empty(0 if q8 else n * k, dtype=np.int8)
-    prepare_columns(Wq, band, Wu, dw, corr)
+    jn = min(JB, n)
+    dw, corr = np.empty(jn * nb, dtype=np.float32), np.empty(jn * nb, dtype=np.int32)
+    Wu = np.empty(0 if q8 else jn * k, dtype=np.int8)
     Wb = weight_bytes(Wq, Wu)
     row = d_in // QBLOCK * size
     o = k0 // QBLOCK * size
     wblk = (size, 2) if q8 else (QBLOCK, 0)
     P, D, W, dwb, cb = borrowed(Ap), borrowed(Da), borrowed(Wb), borrowed(dw), borrowed(corr)
-    where = (q8, j0, row, o, k, nb, n)
     for jb in range(0, n, JB):
         je = min(jb + JB, n)
+        # the chunk's scales and sums just before its tiles: its bytes are read from memory once
+        prepare_columns(Wq, (d_in, k0, k, j0 + jb, j0 + je), Wu, dw, corr)
+        where = (q8, j0, row, o, k, nb, jb, je)
         for g in range(0, ng, 2):
             two = g + 1 < ng                # else one group by 8 columns
             gb = g + 1 if two else g
@@ -319,11 +321,12 @@ def igemm(A, a, Wq, band, rows, bias, C, c, accumulate):
 
 @kernel(internal=True, inline="always")
 def column(j, where):
-    """(where column j's bytes start in micro_tile's Wb, its first scale): Q8_0 rows in
-    place, else the unpacked rows; columns past n repeat n - 1 (never stored)."""
-    q8, j0, row, o, k, nb, n = where
-    jj = min(j, n - 1)
-    return ((j0 + jj) * row + o if q8 else jj * k, jj * nb)
+    """(where column j's bytes start in micro_tile's Wb, its first scale) while columns jb:je
+    are prepared: Q8_0 rows in place, else the unpacked rows; columns past je repeat je - 1
+    (never stored)."""
+    q8, j0, row, o, k, nb, jb, je = where
+    jj = min(j, je - 1)
+    return ((j0 + jj) * row + o if q8 else (jj - jb) * k, (jj - jb) * nb)
 
 
 @kernel(internal=True, inline="always")
