@@ -129,10 +129,15 @@ class Floor:
 # ---------------------------------------------------------------------------------------
 # the contenders
 
+def tblock_weights(args) -> str:
+    """tblock's weights as child_batch takes them: the format, then "/dot" unless fp32."""
+    return args.weights if args.dot == "fp32" else f"{args.weights}/{args.dot}"
+
+
 def child_row(args, job, batch, ckpt, workload, tmp) -> dict:
     """One contender in child_batch.py: its times and its tokens, or why not."""
     tokens = Path(tmp) / f"{job}-{batch}.npz"
-    weights = "fp32" if job == "transformers" else args.weights
+    weights = "fp32" if job == "transformers" else tblock_weights(args)
     log(f"{job} B={batch}")
     p = run_child("child_batch", job, ckpt, workload, tokens, weights, args.threads, batch, args.reps)
     if p.returncode:
@@ -269,6 +274,9 @@ def parse_args(argv):
                     help="max_batch of generate_many, transformers' batch, llama.cpp's -npl (default 8,16,32,64)")
     ap.add_argument("--weights", choices=tuple(GGUF_KIND), default="fp32",
                     help="tblock's weights and llama.cpp's matching GGUF type (default fp32; transformers stays fp32)")
+    ap.add_argument("--dot", choices=("fp32", "int8", "bf16"), default="fp32",
+                    help="how tblock's stored weights multiply (tblock.load's dot): int8 with int8 weights is "
+                         "llama.cpp's arithmetic, bf16 with bf16 (default fp32: the stored values exactly)")
     ap.add_argument("--peers", default=",".join(PEERS), help=f"a subset of {','.join(PEERS)} (default all)")
     ap.add_argument("--reps", type=positive_int, default=1, help="runs of the workload per contender (default 1)")
     ap.add_argument("--model", type=parse_model, default=MODELS["gpt2"], metavar="L:D:H:V",
@@ -290,6 +298,9 @@ def parse_args(argv):
         ap.error(f"--peers takes a subset of {','.join(PEERS)}, got {bad}")
     if min(args.batches) < 1:
         ap.error(f"--batches must be >= 1, got {args.batches}")
+    if args.dot not in ("fp32", {"int8": "int8", "bf16": "bf16"}.get(args.weights)):
+        ap.error(f"--dot {args.dot} multiplies {'int8' if args.dot == 'int8' else 'bf16'} weights, "
+                 f"got --weights {args.weights}")
     if args.lengths[1] + args.new > args.model.n_positions:
         ap.error(f"the longest prompt + --new must fit n_positions={args.model.n_positions}")
     return args
@@ -312,7 +323,7 @@ def main(argv=None) -> int:
     npp = round(float(np.mean(lengths)))
     print(f"{args.model}, random weights (torch seed {args.seed}); checkpoint {ckpt}")
     print(f"workload: {args.prompts} prompts of {min(lengths)}..{max(lengths)} tokens (mean {np.mean(lengths):.1f}, "
-          f"{sum(lengths)} in all), {args.new} new tokens each, greedy, no end of text; tblock weights {args.weights}")
+          f"{sum(lengths)} in all), {args.new} new tokens each, greedy, no end of text; tblock weights {tblock_weights(args)}")
 
     model = tblock.load(ckpt, weights=args.weights)
     bw = memory_bandwidth(threads["numba"], nbytes=(64 if args.quick else 1024) << 20)
@@ -357,7 +368,7 @@ def main(argv=None) -> int:
     for r in rows:
         r.update(label=labels[r["job"]], agree="(the reference)" if r["job"] == "loop" else agreement(r, ref),
                  weights="fp32" if r["job"] == "transformers" else
-                 (GGUF_KIND[args.weights] if r["job"] == "llama.cpp" else args.weights))
+                 (GGUF_KIND[args.weights] if r["job"] == "llama.cpp" else tblock_weights(args)))
     print_table(rows)
     if any(r["job"] == "llama.cpp" for r in rows):
         print(f"\nllama.cpp rows are llama-batched-bench's EQUAL-length analogue: B prompts of {npp} tokens each "

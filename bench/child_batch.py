@@ -62,7 +62,8 @@ def tblock_runner(job, ckpt, weights, threads, batch):
     from tblock import perf
     counts, _ = perf.pin_threads(threads, with_torch=False)
     t = time.perf_counter()
-    model = tblock.load(ckpt, weights=weights)
+    fmt, _, dot = weights.partition("/")             # "int8/int8": the format, then the dot
+    model = tblock.load(ckpt, weights=fmt, dot=dot or "fp32")
     load_s = time.perf_counter() - t
     if job == "many":
         if not hasattr(model, "generate_many"):

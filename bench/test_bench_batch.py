@@ -16,12 +16,13 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_quick_run_tblock_contenders(tmp_path):
+@pytest.mark.parametrize("weights", [[], ["--weights", "int8", "--dot", "int8"]])
+def test_quick_run_tblock_contenders(tmp_path, weights):
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
         pytest.skip("the checkpoint is written by transformers' save_pretrained: transformers and torch needed")
     out = tmp_path / "batch.json"
     p = subprocess.run([sys.executable, str(HERE / "bench_batch.py"), "--quick", "--peers", "many,loop",
-                        "--no-install", "--cache", str(tmp_path / "cache"), "--json", str(out)],
+                        "--no-install", "--cache", str(tmp_path / "cache"), "--json", str(out)] + weights,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     record = json.loads(out.read_text())
@@ -37,3 +38,4 @@ def test_quick_run_tblock_contenders(tmp_path):
         assert r["total_tps"] == pytest.approx(total / r["wall_median_s"])
     assert [x["batch"] for x in record["ratios_total_tps"]] == [2, 4]
     assert "| tblock generate_many |" in p.stdout
+    assert {r["weights"] for r in rows.values()} == {"int8/int8" if weights else "fp32"}
