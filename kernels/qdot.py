@@ -21,7 +21,10 @@ by the widest instruction the target has:
 
 Every path gives the same lanes, so every path with an FMA gives the same floats.  The
 lanes are then scaled and summed in float32: per row two 8-lane accumulators (even and odd
-blocks), acc = fma(float(lanes), d_w * d_x, acc), added and summed in a fixed tree.
+blocks), acc = fma(float(lanes), d_w * d_x, acc), added and summed in a fixed tree.  Q4_0
+rows go two to a vector (kernels.qlanes.pair_lanes): a row's lanes l and l + 4 are added
+as integers first, so each row has two 4-lane accumulators, and half the conversions and
+scalings a block.  A row gets the same sums alone as beside others.
 """
 
 from __future__ import annotations
@@ -29,69 +32,23 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic, overload
 
 from .isa import PATH
 from .options import borrowed, keep_alive, kernel
+from .qlanes import KIND, LANES, Q4_BYTES, Q8_BYTES, QBLOCK, pair_lanes, pair_scale, pair_sums, weight_offset
+from .qlanes import c_array as _c_array, call_fn as _call, ptr_to as _ptr, quads as _quads, vconst as _const
 from .simd import Vec, elem_ptr, ir_splat
 from .widen import emit_half
 
-QBLOCK = 32
-Q8_BYTES = 34
-Q4_BYTES = 18
 QCH = 4096              # inputs a product rounds into scratch on its stack (longer: heap)
-LANES = 8               # int32 lanes of one block's sum (256 bits on every path)
-
-
-def dot_kind(path_name: str, vnni: bool) -> str:
-    """Which integer dot a path runs: "vnni", "avx2" or "generic" (module docstring)."""
-    if vnni:
-        return "vnni"
-    return "avx2" if path_name in ("avx512", "avx2") else "generic"
-
-
-KIND = dot_kind(PATH.name, PATH.vnni)
-
-
-def weight_offset(q8: bool) -> int:
-    """The offset this path's weight bytes carry (module docstring): 128 for Q8_0 bytes and
-    8 for Q4_0 nibbles taken unsigned (vpdpbusd; vpmaddubsw for nibbles), else 0."""
-    if KIND == "vnni":
-        return 128 if q8 else 8
-    return 8 if KIND == "avx2" and not q8 else 0
 _FMA = "fma" if PATH.fma else "fmuladd"
-
 _I8x32 = Vec(types.int8, 32)
 _I32x8 = Vec(types.int32, LANES)
 _F32x8 = Vec(types.float32, LANES)
 _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _v = ir.VectorType
-
-
-def _c_array(a, *dtypes) -> bool:
-    """Whether a is a C-contiguous array of one of dtypes (the intrinsics address memory
-    by flat index)."""
-    return isinstance(a, types.Array) and a.layout == "C" and a.dtype in dtypes
-
-
-def _const(ty, values):
-    return ir.Constant(ty, list(values))
-
-
-def _ptr(context, builder, arrty, arr, i, ty):
-    return builder.bitcast(elem_ptr(context, builder, arrty, arr, i), ty.as_pointer())
-
-
-def _call(builder, name, ret, args):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
-def _quads(builder, v32):
-    """<8 x i32>: lane l = v32[4l] + v32[4l+1] + v32[4l+2] + v32[4l+3] (v32: <32 x i32>)."""
-    parts = [builder.shuffle_vector(v32, v32, _const(_v(_i32, LANES), range(m, 32, 4))) for m in range(4)]
-    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
 # ----------------------------------------------------------------------------- rounding
@@ -410,6 +367,78 @@ def rows4_int8(Wq, o, row, qs, ps, ds, nb, f, fstep):
     return sum_pair(a0, b0), sum_pair(a1, b1), sum_pair(a2, b2), sum_pair(a3, b3)
 
 
+@kernel(internal=True, inline="always")
+def pair_term(acc, Wq, p, p2, qs, ps, ds, k):
+    """acc + the lanes of block k of x times the blocks at Wq[p] and Wq[p2], scaled."""
+    return lanes_fma(acc, pair_lanes(Wq, p, p2, qs, ps, k), pair_scale(Wq, p, p2, ds[k]))
+
+
+@kernel(internal=True, inline="always")
+def pair_int4(Wq, o, o2, qs, ps, ds, nb):
+    """The Q4_0 rows at Wq[o] and Wq[o2] times the rounded blocks, as row_int8 (even and odd
+    blocks apart) on pair_lanes' four lanes a row; o2 = o: one row, the same sums."""
+    size = block_size(Wq)
+    a = zeros8()
+    b = zeros8()
+    k = 0
+    while k + 2 <= nb:
+        a = pair_term(a, Wq, o + k * size, o2 + k * size, qs, ps, ds, k)
+        b = pair_term(b, Wq, o + (k + 1) * size, o2 + (k + 1) * size, qs, ps, ds, k + 1)
+        k += 2
+    if k < nb:
+        a = pair_term(a, Wq, o + k * size, o2 + k * size, qs, ps, ds, k)
+    return pair_sums(a, b)
+
+
+@kernel(internal=True, inline="always")
+def rows4_int4(Wq, o, row, qs, ps, ds, nb, f, fstep):
+    """rows4_int8 for Q4_0 rows, as two pairs (pair_int4)."""
+    size = block_size(Wq)
+    a0, a1, b0, b1 = zeros8(), zeros8(), zeros8(), zeros8()
+    k = 0
+    while k + 2 <= nb:
+        prefetch(Wq, f)
+        prefetch(Wq, f + 64)
+        prefetch(Wq, f + 128)
+        f += fstep
+        p = o + k * size
+        a0 = pair_term(a0, Wq, p, p + row, qs, ps, ds, k)
+        a1 = pair_term(a1, Wq, p + 2 * row, p + 3 * row, qs, ps, ds, k)
+        p += size
+        b0 = pair_term(b0, Wq, p, p + row, qs, ps, ds, k + 1)
+        b1 = pair_term(b1, Wq, p + 2 * row, p + 3 * row, qs, ps, ds, k + 1)
+        k += 2
+    if k < nb:
+        p = o + k * size
+        a0 = pair_term(a0, Wq, p, p + row, qs, ps, ds, k)
+        a1 = pair_term(a1, Wq, p + 2 * row, p + 3 * row, qs, ps, ds, k)
+    s0, s1 = pair_sums(a0, b0)
+    s2, s3 = pair_sums(a1, b1)
+    return s0, s1, s2, s3
+
+
+def rows4(Wq, o, row, qs, ps, ds, nb, f, fstep):
+    """Four rows' products: rows4_int8 (Q8_0) or rows4_int4 (Q4_0)."""
+
+
+@overload(rows4, inline="always")
+def _rows4(Wq, o, row, qs, ps, ds, nb, f, fstep):
+    if Wq.dtype == types.uint8:
+        return lambda Wq, o, row, qs, ps, ds, nb, f, fstep: rows4_int4(Wq, o, row, qs, ps, ds, nb, f, fstep)
+    return lambda Wq, o, row, qs, ps, ds, nb, f, fstep: rows4_int8(Wq, o, row, qs, ps, ds, nb, f, fstep)
+
+
+def row_one(Wq, o, qs, ps, ds, nb):
+    """One row's product, with the sums rows4 gives it: row_int8, or pair_int4 of the row twice."""
+
+
+@overload(row_one, inline="always")
+def _row_one(Wq, o, qs, ps, ds, nb):
+    if Wq.dtype == types.uint8:
+        return lambda Wq, o, qs, ps, ds, nb: pair_int4(Wq, o, o, qs, ps, ds, nb)[0]
+    return lambda Wq, o, qs, ps, ds, nb: row_int8(Wq, o, qs, ps, ds, nb)
+
+
 @kernel(internal=True)
 def settle(y, i, s, bias, j, accumulate):
     """y[i] (+)= s [+ bias[j]] (bias empty: none)."""
@@ -444,14 +473,14 @@ def gemv_int8(x, x_off, Wq, band, bias, y, y_off, accumulate):
     j = j0
     while j + 4 <= j1:
         f = (min(j + 4, j1 - 4) * row if whole else j * row) + o    # the last group: itself
-        s0, s1, s2, s3 = rows4_int8(W, j * row + o, row, q, p, d, nb, f, fstep)
+        s0, s1, s2, s3 = rows4(W, j * row + o, row, q, p, d, nb, f, fstep)
         settle(y, y_off + j, s0, bias, j, accumulate)
         settle(y, y_off + j + 1, s1, bias, j + 1, accumulate)
         settle(y, y_off + j + 2, s2, bias, j + 2, accumulate)
         settle(y, y_off + j + 3, s3, bias, j + 3, accumulate)
         j += 4
     for i in range(j, j1):
-        settle(y, y_off + i, row_int8(W, i * row + o, q, p, d, nb), bias, i, accumulate)
+        settle(y, y_off + i, row_one(W, i * row + o, q, p, d, nb), bias, i, accumulate)
     keep_alive(qs, ps, ds)
 
 

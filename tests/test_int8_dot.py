@@ -8,9 +8,10 @@ dequantized weights, to float32's accuracy:
     |y - want| <= (2 nb + 16) 2^-24 (sum_i |d_x q_x[i] w[i]| + |bias| + |y_0|)
 
 for a row of nb blocks (each block's lanes are exact; a block's scale d_w d_x is one
-rounding, each of the two accumulators about nb / 2 more, the lanes' tree 4, the bias and
-y_0 two; doubled for the generic path's unfused multiply-add).  Every vector path runs
-these (marked isa): the lanes are the same integers on each.
+rounding, each of the two accumulators about nb / 2 more, the lanes' tree 4 (Q4_0's
+four lanes a row: 3), the bias and y_0 two; doubled for the generic path's unfused
+multiply-add).  Every vector path runs these (marked isa): the lanes are the same
+integers on each.
 """
 
 import numpy as np
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 import tblock
-from tblock.formats import quantize_matrix
+from tblock.formats import QuantizedMatrix, quantize_matrix
 from tblock.kernels.qdot import QCH, round_blocks, start_offset
 from tblock.kernels.qgemv import DOTS, gemv_rows_parallel, gemv_rows_serial, stored_view
 from tblock.kernels.records import Panels, Rows, Stored, Tile
@@ -127,6 +128,25 @@ def test_gemv_equals_the_rounded_product(fmt, d_in, d_out, seed, serial, accumul
     (gemv_rows_serial if serial else gemv_rows_parallel)(x, stored_view(m), bias, y, accumulate, 3)
     extra = (np.abs(bias) if biased else 0) + (np.abs(y0) if accumulate else 0)
     assert (np.abs(y - want) <= product_bound(xr, Wd, extra, d_in // 32)).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(fmt=st.sampled_from(["int8", "int4"]), d_in=st.sampled_from([32, 64, 96, 768]), d_out=st.integers(1, 13),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_rows_sum_does_not_depend_on_its_neighbours(fmt, d_in, d_out, seed):
+    """Rows go four at a time (Q4_0: two a vector) and the rest one by one; a row's float
+    sums are the same either way, bit for bit, so no split of rows into tasks moves them."""
+    rng = np.random.default_rng(seed)
+    m = matrix(rng, fmt, d_in, d_out)
+    x = rng.standard_normal(d_in).astype(np.float32)
+    none = np.zeros(0, np.float32)
+    together = np.empty(d_out, np.float32)
+    gemv_rows_serial(x, stored_view(m), none, together, False, 1)
+    alone = np.empty(d_out, np.float32)
+    for j in range(d_out):                  # row j alone: the one-row kernel
+        one = QuantizedMatrix(fmt, (d_in, 1), m.data[j:j + 1], dot="int8")
+        gemv_rows_serial(x, stored_view(one), none, alone[j:j + 1], False, 1)
+    assert np.array_equal(together.view(np.uint32), alone.view(np.uint32))
 
 
 @njit
