@@ -21,11 +21,11 @@ def prepare_call(weights, cfg):
     checked path has checked them against it (tblock.api keeps it on the weights): a
     function of H that gives H_out for an ndarray the checked path would take as it is
     (float32/float64 in native byte order, C-contiguous, aligned, (T, d_model) or (B, T,
-    d_model), T and B >= 1) on a block small enough to run serially; None for anything
-    else, and for an H holding a NaN or an Inf: the checked path then gives the same
-    result or raises.  H goes to the compiled block as it came, 2-D or 3-D, writeable or
-    not (four array types a dtype, all compiled by warmup): a view of it would cost the
-    toy block's call more than the rest of this function."""
+    d_model), T and B >= 1); None for anything else, and for an H holding a NaN or an
+    Inf: the checked path then gives the same result or raises.  A block small enough to
+    run serially gets H as it came, 2-D or 3-D, writeable or not (four array types a
+    dtype, all compiled by warmup): a view of it would cost the toy block's call more than
+    the rest of this function; a larger one, the parallel build's (parallel_lane)."""
     d_model = cfg.d_model
     state = weights.prepared_state
 
@@ -43,9 +43,10 @@ def prepare_call(weights, cfg):
             return None
         _, flat, scalars, per_row, per_key = plan
         flags = H.flags
-        if (d != d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned)
-                or not H.dtype.isnative or not is_serial(forward_flops(B, T, per_row, per_key, scalars[2]))):
+        if d != d_model or T == 0 or B == 0 or not (flags.c_contiguous and flags.aligned) or not H.dtype.isnative:
             return None
+        if not is_serial(forward_flops(B, T, per_row, per_key, scalars[2])):
+            return parallel_lane(H, flat, scalars)
         out = np.empty(shape, H.dtype)
         if block_serial(H, flat, out, scalars, 1) >= 0:
             return None
@@ -53,11 +54,23 @@ def prepare_call(weights, cfg):
     return call
 
 
+def parallel_lane(H, flat, scalars):
+    """prepare_call's call for a block the parallel build runs: H as the checked path hands
+    it over, a read-only (B, T, d_model) view (the array type warmup compiled), so a repeat
+    call skips the checks that cost a few microseconds; None for an H holding a NaN or an Inf."""
+    H3 = H.reshape((1,) + H.shape) if H.ndim == 2 else H[...]
+    H3.flags.writeable = False
+    out, bad = parallel_call(block_parallel, H3, flat, scalars, pass_threads=True)
+    if bad >= 0:
+        return None
+    return out[0] if H.ndim == 2 else out
+
+
 def forward_batch(H, weights, cfg, trace):
     """The backend contract of tblock.api: H is a read-only C-contiguous (B, T, d_model)
     float32/float64 array; compute in H's dtype; return (H_out, trace dict or None), or
     (None, None) when H holds a NaN or an Inf (CHECKS_FINITE: the API then says where).
-    A small block's repeat plain calls usually come through prepare_call's function instead."""
+    Repeat plain calls usually come through prepare_call's function instead."""
     if trace:
         if not all_finite_flat(H.reshape(-1)):      # H: C-contiguous (the contract)
             return None, None
