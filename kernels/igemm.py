@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic, overload
 
 from .isa import PATH
 from .options import borrowed, keep_alive, kernel
 from .qdot import KIND, QBLOCK, block_size, round_blocks
+from .qlanes import c_array, call_fn, ptr_to
 from .simd import Vec, elem_ptr, ir_splat
 from .widen import half_load
 
@@ -50,24 +51,11 @@ _FMA = "fma" if PATH.fma else "fmuladd"
 _OFFSET = np.int32(-2139062144)     # 0x80808080: q_a + 128 in each byte of a quad
 
 
-def _c_array(a, *dtypes) -> bool:
-    return isinstance(a, types.Array) and a.layout == "C" and a.dtype in dtypes
-
-
-def _ptr(context, builder, arrty, arr, i, ty):
-    return builder.bitcast(elem_ptr(context, builder, arrty, arr, i), ty.as_pointer())
-
-
-def _call(builder, name, ret, args):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _dpbusd(builder, acc, a, w):
     """acc + lane l: sum_{m < 4} u8(a[4l + m]) * s8(w[4l + m]) (a, w: <4 RW x i8>)."""
     if KIND == "vnni" and RW in (8, 16):
         name = f"llvm.x86.avx512.vpdpbusd.{32 * RW}"
-        return _call(builder, name, acc.type, [acc, a, w])
+        return call_fn(builder, name, acc.type, [acc, a, w])
     wide = _v(_i32, 4 * RW)
     prod = builder.mul(builder.zext(a, wide), builder.sext(w, wide))
     parts = [builder.shuffle_vector(prod, prod, ir.Constant(_v(_i32, RW), list(range(m, 4 * RW, 4))))
@@ -78,11 +66,11 @@ def _dpbusd(builder, acc, a, w):
 @intrinsic
 def rows_load(typingctx, Ap, i):
     """The packed rows Ap[i : i + RW] (int32 words of four u8 each) as 4 RW bytes."""
-    if not _c_array(Ap, types.int32):
+    if not c_array(Ap, types.int32):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _v(_i8, 4 * RW)), align=4)
+        return builder.load(ptr_to(context, builder, sig.args[0], args[0], args[1], _v(_i8, 4 * RW)), align=4)
     return _U8(Ap, types.intp), codegen
 
 
@@ -90,12 +78,12 @@ def rows_load(typingctx, Ap, i):
 def dot_step(typingctx, acc, a, Wb, o):
     """acc + the products of the packed rows a (rows_load) with the four signed bytes
     Wb[o : o + 4] (one column's quad, broadcast)."""
-    if not (acc == _I32 and a == _U8 and _c_array(Wb, types.int8)):
+    if not (acc == _I32 and a == _U8 and c_array(Wb, types.int8)):
         return None
 
     def codegen(context, builder, sig, args):
         accv, av, Wa, o_ = args
-        quad = builder.load(_ptr(context, builder, sig.args[2], Wa, o_, _i32), align=1)
+        quad = builder.load(ptr_to(context, builder, sig.args[2], Wa, o_, _i32), align=1)
         w = builder.bitcast(ir_splat(builder, quad, _v(_i32, RW)), _v(_i8, 4 * RW))
         return _dpbusd(builder, accv, av, w)
     return _I32(acc, a, Wb, types.intp), codegen
@@ -104,7 +92,7 @@ def dot_step(typingctx, acc, a, Wb, o):
 @intrinsic
 def int_splat(typingctx, C, i):
     """Every lane = C[i] (int32)."""
-    if not _c_array(C, types.int32):
+    if not c_array(C, types.int32):
         return None
 
     def codegen(context, builder, sig, args):
@@ -116,15 +104,15 @@ def int_splat(typingctx, C, i):
 @intrinsic
 def scale_add(typingctx, acc, S, Da, i, dw):
     """acc + float(S) * (Da[i : i + RW] * dw), lane-wise (S converts exactly: |S| < 2^24)."""
-    if not (acc == _F32 and S == _I32 and _c_array(Da, types.float32)):
+    if not (acc == _F32 and S == _I32 and c_array(Da, types.float32)):
         return None
 
     def codegen(context, builder, sig, args):
         accv, Sv, Da_, i_, dw_ = args
         ty = _v(ir.FloatType(), RW)
-        da = builder.load(_ptr(context, builder, sig.args[2], Da_, i_, ty), align=4)
+        da = builder.load(ptr_to(context, builder, sig.args[2], Da_, i_, ty), align=4)
         s = builder.fmul(da, ir_splat(builder, context.cast(builder, dw_, sig.args[4], types.float32), ty))
-        return _call(builder, f"llvm.{_FMA}.v{RW}f32", ty, [builder.sitofp(Sv, ty), s, accv])
+        return call_fn(builder, f"llvm.{_FMA}.v{RW}f32", ty, [builder.sitofp(Sv, ty), s, accv])
     return _F32(acc, S, Da, types.intp, types.float32), codegen
 
 
@@ -177,21 +165,21 @@ def block_weights(typingctx, Wq, p, Wu, u):
     """The sum of the 32 weights q_w of the block at Wq[p] (its scale, then its bytes); for
     Q4_0 (Wq uint8) also writes them, nibble - 8, into Wu[u : u + 32] (in input order: byte
     t holds inputs t and t + 16)."""
-    if not (_c_array(Wq, types.int8, types.uint8) and _c_array(Wu, types.int8)):
+    if not (c_array(Wq, types.int8, types.uint8) and c_array(Wu, types.int8)):
         return None
     q8 = Wq.dtype == types.int8
 
     def codegen(context, builder, sig, args):
         Wa, p_, Ua, u_ = args
         at = builder.add(p_, ir.Constant(p_.type, 2))
-        w = builder.load(_ptr(context, builder, sig.args[0], Wa, at, _v(_i8, 32 if q8 else 16)), align=1)
+        w = builder.load(ptr_to(context, builder, sig.args[0], Wa, at, _v(_i8, 32 if q8 else 16)), align=1)
         if not q8:
             lo = builder.and_(w, ir_splat(builder, ir.Constant(_i8, 15), w.type))
             hi = builder.lshr(w, ir_splat(builder, ir.Constant(_i8, 4), w.type))
             w = builder.sub(builder.shuffle_vector(lo, hi, ir.Constant(_v(_i32, 32), list(range(32)))),
                             ir_splat(builder, ir.Constant(_i8, 8), _v(_i8, 32)))
-            builder.store(w, _ptr(context, builder, sig.args[2], Ua, u_, _v(_i8, 32)), align=1)
-        return _call(builder, "llvm.vector.reduce.add.v32i32", _i32, [builder.sext(w, _v(_i32, 32))])
+            builder.store(w, ptr_to(context, builder, sig.args[2], Ua, u_, _v(_i8, 32)), align=1)
+        return call_fn(builder, "llvm.vector.reduce.add.v32i32", _i32, [builder.sext(w, _v(_i32, 32))])
     return types.int32(Wq, types.intp, Wu, types.intp), codegen
 
 
@@ -219,9 +207,9 @@ def weight_bytes(Wq, Wu):
 
 @overload(weight_bytes, inline="always")
 def _weight_bytes(Wq, Wu):
-    if _c_array(Wq, types.int8):
+    if c_array(Wq, types.int8):
         return lambda Wq, Wu: Wq
-    if _c_array(Wq, types.uint8):
+    if c_array(Wq, types.uint8):
         return lambda Wq, Wu: Wu
     return None
 
