@@ -372,3 +372,24 @@ def test_the_lane_checks_the_other_arguments_as_the_checked_path_does(armed):
     # the other backends never take the numba backend's lane
     got = tblock.forward(H, w, CFG, backend="numpy")
     assert np.abs(got - first).max() < 1e-5 * np.abs(got).max()
+
+
+def test_the_lane_runs_a_parallel_size_block(monkeypatch):
+    """A repeat plain call of a block the parallel build runs takes the lane: the checked
+    path's bits, 2-D and batched, the input's flags untouched, a NaN still refused."""
+    import tblock.backends.numba as nb
+    cfg = tblock.BlockConfig(d_model=384, n_heads=6)
+    w = tblock.init_weights(cfg, seed=0)
+    H = np.random.default_rng(2).standard_normal((64, 384)).astype(np.float32)
+    first = tblock.forward(H, w, cfg)
+    checked, forward_batch = [], nb.forward_batch
+    monkeypatch.setattr(nb, "forward_batch", lambda *a: checked.append(a[0].shape) or forward_batch(*a))
+    np.testing.assert_array_equal(tblock.forward(H, w, cfg), first)
+    np.testing.assert_array_equal(tblock.forward(H[None], w, cfg), first[None])
+    assert checked == [] and H.flags.writeable
+    bad = H.copy()
+    bad[3, 5] = np.nan
+    with pytest.raises(ValueError, match=r"\(3, 5\)"):
+        tblock.forward(bad, w, cfg)
+    want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+    assert np.abs(first - want).max() < 1e-4 * np.abs(want).max()
