@@ -77,6 +77,14 @@ def quads(builder, v32):
 # ----------------------------------------------------------------------------- pairs of Q4_0 rows
 
 
+def twice(context, builder, arrty, arr, i, ty):
+    """The n / 2 elements arr[i : i + n / 2] (n: 32 int8 or 8 int32, one 256-bit vector) in
+    both halves of an n-lane vector."""
+    n = 256 // ty.width
+    half = builder.load(ptr_to(context, builder, arrty, arr, i, _v(ty, n // 2)), align=1)
+    return builder.shuffle_vector(half, half, vconst(_v(_i32, n), [m % (n // 2) for m in range(n)]))
+
+
 @intrinsic
 def pair_lanes(typingctx, Wq, o, o2, qs, ps, k):
     """Q4_0: the blocks at Wq[o] and Wq[o2] (two rows) times the rounded block k (qs, ps:
@@ -96,14 +104,14 @@ def pair_lanes(typingctx, Wq, o, o2, qs, ps, k):
         w = builder.shuffle_vector(r0, r1, vconst(_v(_i32, 32), range(32)))
         lo = builder.and_(w, ir_splat(builder, ir.Constant(_i8, 15), i8x32))
         hi = builder.lshr(w, ir_splat(builder, ir.Constant(_i8, 4), i8x32))
-        at = builder.mul(k_, ir.Constant(k_.type, QBLOCK))
-        x = builder.load(ptr_to(context, builder, sig.args[3], qa, at, i8x32), align=1)
-        xl, xh = (builder.shuffle_vector(x, x, vconst(_v(_i32, 32), [h + m % 16 for m in range(32)])) for h in (0, 16))
+        # x's halves and the starts' halves each in both halves of a vector: loads that
+        # broadcast, where one load and a shuffle each cost a shuffle a block
+        def at(n, h):
+            return builder.add(builder.mul(k_, ir.Constant(k_.type, n)), ir.Constant(k_.type, h))
+        xl, xh = (twice(context, builder, sig.args[3], qa, at(QBLOCK, h), _i8) for h in (0, 16))
         acc = ir.Constant(i32x8, None)
-        if unsigned:                    # the starts of lanes l and l + 4, in both halves
-            at = builder.mul(k_, ir.Constant(k_.type, LANES))
-            st = builder.load(ptr_to(context, builder, sig.args[4], pa, at, i32x8), align=4)
-            acc = builder.add(st, builder.shuffle_vector(st, st, vconst(i32x8, [4, 5, 6, 7, 0, 1, 2, 3])))
+        if unsigned:                    # the starts of lanes l and l + 4
+            acc = builder.add(*(twice(context, builder, sig.args[4], pa, at(LANES, h), _i32) for h in (0, 4)))
         if KIND == "vnni":
             acc = call_fn(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8, [acc, lo, xl])
             return call_fn(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8, [acc, hi, xh])
