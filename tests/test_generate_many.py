@@ -151,13 +151,15 @@ def test_numba_decodes_every_slot_in_one_call(model, monkeypatch):
     assert_same(got, alone(model, prompts, 9, temperature=0))
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "bf16"])
-def test_stored_weights_give_each_prompts_tokens(model, fmt):
+@pytest.mark.parametrize("fmt, dot", [("int8", "fp32"), ("int4", "fp32"), ("bf16", "fp32"), ("int8", "int8"),
+                                      ("int4", "int8")])
+def test_stored_weights_give_each_prompts_tokens(model, fmt, dot):
     """Stored weights: one row (generate's step) and many (the batch's) take different
-    products (qgemv's row dot, unpacked panels), equal to the last bits only; the tokens
-    are the same but at a near-tie, which these seeds do not hold."""
+    products (qgemv's row dot or qdot's, unpacked panels or igemm's integer GEMM), equal to
+    the last bits only; the tokens are the same but at a near-tie, which these seeds do
+    not hold."""
     d = model.config.n_embd
-    stored = GPT2(model.config, model.wte, model.wpe, [quantize(b, fmt) for b in model.blocks],
+    stored = GPT2(model.config, model.wte, model.wpe, [quantize(b, fmt, dot=dot) for b in model.blocks],
                   model.ln_f[:d], model.ln_f[d:])
     prompts = prompts_of(11, 6)
     assert_same(stored.generate_many(prompts, 8, temperature=0, max_batch=4), alone(stored, prompts, 8, temperature=0))
