@@ -70,6 +70,11 @@ class KernelDispatcher(CPUDispatcher):
         return super().get_call_template(args, {k: _canonical(v) for k, v in kws.items()})
 
     def add_overload(self, cres):
+        # Numba rebuilds a library loaded from its cache without the set of functions to
+        # run before loading it (reload_init): a caller compiled now that links it would
+        # then be cached without them, and a later process loading that caller would find
+        # the standalone kernels it calls by address unpublished (_call_by_address)
+        cres.library._reload_init.update(cres.reload_init or ())
         super().add_overload(cres)
         if self.standalone:
             _call_by_address(self, cres)
