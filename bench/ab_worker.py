@@ -20,6 +20,9 @@ import numpy as np
 import tblock
 
 
+STORED = (("bf16", "bf16"), ("int8", "int8"), ("int4", "int8"), ("int8", "fp32"))    # (format, dot)
+
+
 def _configs():
     """(name, cfg, B, T) over the block's options, with edge shapes: T = 1, one head, B > 1."""
     C = tblock.BlockConfig
@@ -90,15 +93,27 @@ def outputs() -> dict[str, np.ndarray]:
             out[f"gpt2/{dn}/steps/{backend}"] = np.stack(steps)
         out[f"gpt2/{dn}/greedy"] = model.generate(ids[None], 12, temperature=0)
         out[f"gpt2/{dn}/sampled"] = model.generate(ids[None], 12, temperature=0.8, top_k=20, seed=5)
+    for fmt, dot in STORED:
+        for i, (name, cfg, B, T) in enumerate(_configs()):
+            if cfg.d_model % 32 == 0 and cfg.d_ff % 32 == 0:    # 8- and 4-bit blocks: 32 inputs
+                w = tblock.quantize(_weights(cfg, i, np.float32), fmt, dot=dot)
+                H = np.random.default_rng(i).standard_normal((B, T, cfg.d_model)).astype(np.float32)
+                out[f"{name}/{fmt}-{dot}/numba"] = tblock.forward(H, w, cfg)
+                out[f"{name}/{fmt}-{dot}/T1"] = tblock.forward(H[:, :1], w, cfg)
     return out
 
 
 def _timing_cases():
     """name -> a function of no arguments: one call of the case."""
     cases = {}
-    for name, d, h, T in (("toy", 8, 2, 4), ("384x64", 384, 6, 64), ("768x1024", 768, 12, 1024)):
+    for name, d, h, T, fmt, dot in (("toy", 8, 2, 4, None, None), ("384x64", 384, 6, 64, None, None),
+                                    ("768x1024", 768, 12, 1024, None, None),
+                                    ("bf16-768x128", 768, 12, 128, "bf16", "bf16"),
+                                    ("int8-768x128", 768, 12, 128, "int8", "int8")):
         cfg = tblock.BlockConfig(d_model=d, n_heads=h)
         w = tblock.init_weights(cfg, seed=0)
+        if fmt is not None:
+            w = tblock.quantize(w, fmt, dot=dot)
         H = np.random.default_rng(0).standard_normal((T, d)).astype(np.float32)
         tblock.forward(H, w, cfg)
         cases[name] = (lambda H=H, w=w, cfg=cfg: tblock.forward(H, w, cfg))

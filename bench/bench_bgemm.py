@@ -46,7 +46,7 @@ def fp32_rows(A, a, Bp, b, C, c, rows, nthr):
     """The float32 GEMM with bgemm_rows' task split."""
     a, b, c = Rows(a[0], a[1]), Panels(b[0], b[1], b[2], b[3]), Rows(c[0], c[1])
     npn = panels(b.n, panel_lanes(Bp))
-    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr, 1)
     for t in prange(ntasks):
         gemm_block(A, a, Bp, b, C, c, task_tile(t, groups, mc, rows, npn), False, -1)
 

@@ -403,7 +403,7 @@ def bgemm_rows(A, a, Bp, b, C, c, rows, accumulate, bias, nthr):
         r0, r1 = row_piece(t, nthr, rows)
         pack_pairs(A, Rows(a.off + r0 * a.ld, a.ld), r1 - r0, b.k, Ap, Rows(r0 * ldp, ldp))
     npn = panels(b.n, NR)
-    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr, 1)
     for t in prange(ntasks):
         bgemm_packed(Ap, Rows(0, ldp), Bp, b, C, c, task_tile(t, groups, mc, rows, npn), accumulate, bias,
                      0 if bias.size > 0 else -1)

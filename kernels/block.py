@@ -63,7 +63,7 @@ import numpy as np
 from numba import prange
 from numba.extending import overload
 
-from .layout import ceil_div, ffn_cols, panels, rows_per_task, stage_grid, take, take_f64, up16
+from .layout import ceil_div, ffn_cols, panel_groups, panels, rows_per_task, stage_grid, take, take_f64, up16
 from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch
 from .rotary import rope_table
@@ -74,7 +74,7 @@ from .tasks import (ATTEND, ATTEND_CACHED, ATTEND_DIRECT, CACHE_FIRST, CACHE_NEW
                     inline_new_rows, next_task, output_stages_task, plan_stage, qkv_panels)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR
 from .validate import all_finite_flat
-from .wgemm import as_weights, borrow, floats, weights_at
+from .wgemm import as_weights, borrow, floats, task_panels, weights_at
 
 
 @kernel(parallel=True)
@@ -171,7 +171,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
-    mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr, task_panels(Wf))
     X, ln_in_task = H, dims.pre_ln
     if dims.pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
@@ -227,7 +227,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         # finished-task counts (wait_for), not a region each, whose start and join cost
         # a visible part of stages this short (docs/perf-log.md); every buffer is set
         # out before the region, which at these sizes adds little to the peak of memory
-        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr)
+        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf))
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
         output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
         for s in range(PLAN_ROWS):
@@ -260,7 +260,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
     # are freed, which keeps them off the peak of memory at long T
-    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr)
+    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf))
     grid2 = Grid(nthr, mc2, groups2)
     output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
     for s in range(HALF, n2):
@@ -275,7 +275,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
 
 
 @kernel(internal=True, inline="always")
-def output_plan(dims, scratch, rows, pos, nthr):
+def output_plan(dims, scratch, rows, pos, nthr, per):
     """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
     (out, xn, hid, ldh, mc, groups, mf, the row after its last stage, gu; mc and groups:
     its GEMM stage's split).
@@ -289,7 +289,8 @@ def output_plan(dims, scratch, rows, pos, nthr):
        (ffn_up_task, ffn_down_task), each weight streamed by one thread (with a work
        buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
        row tile of mf rows, residual and LayerNorms fused (ffn_rows_task).  The gated FFN's
-       split stages put each hidden panel's [gate | up] pair in gu (rows, ffn_cols)."""
+       split stages put each hidden panel's [gate | up] pair in gu (rows, ffn_cols).
+    per: column panels a task of a GEMM stage over all rows takes (wgemm.task_panels)."""
     plan, work, slot, dest = scratch.plan, scratch.work, scratch.slot, scratch.dest
     d, dff = dims.d, dims.dff
     NR = panel_lanes(work)
@@ -299,7 +300,7 @@ def output_plan(dims, scratch, rows, pos, nthr):
         out, _ = take(work, pos + slot * up16(rows * d), rows * d)
     pos += 2 * up16(rows * d)
     npo = panels(d, NR)
-    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr, per)
     n = plan_stage(plan, HALF, OUT_PROJ, ntasks)
     mf = rows_per_task(rows, MF, nthr)
     ldh = dff + 64 // work.itemsize         # a cache line past 4 KiB multiples (ffn_tile)
@@ -308,8 +309,8 @@ def output_plan(dims, scratch, rows, pos, nthr):
         hid, pos = take(work, pos, rows * ldh)
         gu, pos = take(work, pos, rows * ffn_cols(dff, True, NR) if dims.gated else 0)
         n = plan_stage(plan, n, FFN_IN, nthr)
-        n = plan_stage(plan, n, FFN_UP, panels(dff, NR))
-        n = plan_stage(plan, n, FFN_DOWN, npo)
+        n = plan_stage(plan, n, FFN_UP, panel_groups(rows, panels(dff, NR), nthr, per))
+        n = plan_stage(plan, n, FFN_DOWN, panel_groups(rows, npo, nthr, per))
         if not dims.pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:

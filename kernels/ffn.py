@@ -78,41 +78,41 @@ def ffn_tile(X, x_off, m, dims, Wf, out, out_off, residual):
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_up_task(Wf, dims, rows, bufs, p):
-    """Column panel p of the FFN's hidden layer for all rows: hid[:, panel p] =
-    act(xn @ W_1[:, panel p] + b1), xn (rows, d), hid of row stride ldh (bufs: Output);
-    gated: the panel's [gate | up] pair into bufs.gu (rows, ffn_cols), then act(gate) * up."""
+def ffn_up_task(Wf, dims, rows, bufs, p0, p1):
+    """Column panels p0..p1-1 of the FFN's hidden layer for all rows: hid[:, panels] =
+    act(xn @ W_1[:, panels] + b1), xn (rows, d), hid of row stride ldh (bufs: Output);
+    gated: the panels' [gate | up] pairs into bufs.gu (rows, ffn_cols), then act(gate) * up."""
     NR = panel_lanes(floats(Wf))
     d, dff = dims.d, dims.dff
     layout = block_layout(dims, NR)
     o_1, o_b1 = layout[2], layout[4]
-    c0 = p * NR
+    c0, c1 = p0 * NR, min(dff, p1 * NR)
     if dims.gated:
         n1 = ffn_cols(dff, True, NR)
         wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, n1), bufs.gu, Rows(0, n1),
-                    Tile(0, rows, 2 * p, 2 * p + 2), False, o_b1)
-        gated_rows(bufs.gu, 2 * c0, n1, rows, min(dff, c0 + NR) - c0, bufs.hid, c0, bufs.ldh, dims.act)
+                    Tile(0, rows, 2 * p0, 2 * p1), False, o_b1)
+        gated_rows(bufs.gu, 2 * c0, n1, rows, c1 - c0, bufs.hid, c0, bufs.ldh, dims.act)
         return
     wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
-                Tile(0, rows, p, p + 1), False, -1)
-    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, min(dff, c0 + NR) - c0, floats(Wf), o_b1 + c0, dims.act)
+                Tile(0, rows, p0, p1), False, -1)
+    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, c1 - c0, floats(Wf), o_b1 + c0, dims.act)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
-def ffn_down_task(Wf, dims, rows, bufs, p):
-    """Column panel p of the FFN's output added onto the residual in out, for all rows:
-    out[:, panel p] += b2 + hid @ W_2[:, panel p] (bufs: Output).  The same sums, in the
+def ffn_down_task(Wf, dims, rows, bufs, p0, p1):
+    """Column panels p0..p1-1 of the FFN's output added onto the residual in out, for all
+    rows: out[:, panels] += b2 + hid @ W_2[:, panels] (bufs: Output).  The same sums, in the
     same order (b2 first, then k blocks of KC), as ffn_tile's chunks."""
     NR = panel_lanes(floats(Wf))
     d, dff, out = dims.d, dims.dff, bufs.out
     layout = block_layout(dims, NR)
     o_2, o_b2 = layout[3], layout[5]
-    c0 = p * NR
-    n = min(d, c0 + NR) - c0
+    c0 = p0 * NR
+    n = min(d, p1 * NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, floats(Wf), o_b2 + c0, True)
     wgemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
-                Tile(0, rows, p, p + 1), True, -1)
+                Tile(0, rows, p0, p1), True, -1)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)

@@ -138,19 +138,31 @@ def rows_per_task(rows, cap, nthr):
 
 
 @kernel(internal=True)
-def stage_grid(rows, npanels, cap, nthr):
+def panel_groups(rows, npanels, nthr, per):
+    """Tasks of a stage whose every task takes all ``rows`` rows: one per column panel, or
+    with per > 1 (wgemm.task_panels) runs of about per panels, a multiple of nthr of them so
+    that the threads end together; one panel a task for a row tile (a decode step streams
+    the weights, each thread a run of neighbouring panels: tasks.next_task)."""
+    if per <= 1 or rows <= MR:
+        return npanels
+    return min(npanels, nthr * ceil_div(npanels, nthr * per))
+
+
+@kernel(internal=True)
+def stage_grid(rows, npanels, cap, nthr, per):
     """How a GEMM stage over ``rows`` rows and ``npanels`` column panels of its weight
     splits into tasks: (rows per task, panel groups, number of tasks); task_tile numbers them.
 
     With threads to spare (rows <= cap * nthr: at most one row block a thread), every
-    task takes all the rows and one panel: each weight is then streamed by one thread
-    only, and the many equal tasks balance the cores, where row blocks rounded to the
-    micro-tile left one thread up to a tile-row behind (d_model=384, T=64: 64 rows in
-    tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
+    task takes all the rows and one panel (per of them: panel_groups): each weight is then
+    streamed by one thread only, and the many equal tasks balance the cores, where row
+    blocks rounded to the micro-tile left one thread up to a tile-row behind (d_model=384,
+    T=64: 64 rows in tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
     nthr of them, each split into column groups when there are few (a serial call gains
     nothing from the split)."""
     if nthr > 1 and rows <= cap * nthr:
-        return rows, npanels, npanels
+        g = panel_groups(rows, npanels, nthr, per)
+        return rows, g, g
     mc = rows_per_task(rows, cap, nthr)
     nrb = ceil_div(rows, mc)
     groups = 1 if nthr == 1 else min(npanels, max(1, 8 // nrb))

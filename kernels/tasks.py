@@ -15,7 +15,7 @@ attention, one query tile), else in a stage of their own before attention.
 from __future__ import annotations
 
 from .ffn import ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task
-from .layout import block_layout, kt_len, norm_offsets, panels, task_tile
+from .layout import block_layout, kt_len, norm_offsets, panel_groups, panels, task_tile
 from .kvstore import attend_cache, cache_first, cache_new_rows
 from .options import claim, kernel
 from .records import Cache
@@ -23,7 +23,7 @@ from .rotary import rotate_kt, rotate_rows
 from .simd import panel_lanes
 from .stages import attention_direct_task, attention_task, layernorm_piece, out_proj_task, qkv_task
 from .tiles import BQ
-from .wgemm import floats
+from .wgemm import floats, task_panels
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
@@ -153,10 +153,14 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
         out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, NR)), bufs)
     elif stage == FFN_IN:
         ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
-    elif stage == FFN_UP:
-        ffn_up_task(Wf, dims, rows, bufs, t)
-    elif stage == FFN_DOWN:
-        ffn_down_task(Wf, dims, rows, bufs, t)
+    elif stage == FFN_UP or stage == FFN_DOWN:
+        # task t: the t-th of the stage's runs of panels (layout.panel_groups)
+        npn = panels(dims.dff if stage == FFN_UP else d, NR)
+        g = panel_groups(rows, npn, grid.nthr, task_panels(Wf))
+        if stage == FFN_UP:
+            ffn_up_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
+        else:
+            ffn_down_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
     elif stage == LN_POST:
         g_off, b_off = norm_offsets(block_layout(dims, NR), 2, dims.rms)
         layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)

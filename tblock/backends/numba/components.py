@@ -36,7 +36,7 @@ def _projection(A, a, rows, Wf, b, C, c, bias_off, nthr):
     Rows of A and C, b the Panels of B in Wf; split into tasks as the block's QKV and W_O
     stages are (stage_grid)."""
     npn = panels(b.n, panel_lanes(Wf))
-    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr)
+    mc, groups, ntasks = stage_grid(rows, npn, MC, nthr, 1)
     for t in prange(ntasks):
         gemm_block(A, a, Wf, b, C, c, task_tile(t, groups, mc, rows, npn), False, bias_off)
 
