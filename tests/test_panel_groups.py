@@ -1,0 +1,76 @@
+"""Runs of column panels a task (layout.panel_groups): on stored weights, with every task of
+a stage holding all the rows, a task takes about tiles.STORED_PANELS panels and prepares its
+rows once for all of them.  Every panel must be some task's, once; the block must give the
+oracle's results at panel counts that do not divide, thread counts of 2 to 5 and row
+counts on both sides of the micro-tile."""
+
+import numpy as np
+import pytest
+from numba import njit
+from conftest import random_weights, rel_err
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tblock
+from tblock.backends import numba as nb
+from tblock.kernels.block import block_parallel, block_serial
+from tblock.kernels.layout import panel_groups
+from tblock.kernels.tiles import MR, STORED_PANELS
+
+pytestmark = pytest.mark.isa
+
+
+@njit(cache=False)
+def groups_of(rows, npanels, nthr, per):
+    return panel_groups(rows, npanels, nthr, per)         # an internal kernel: called from compiled code
+
+
+STORED = (("bf16", "fp32"), ("bf16", "bf16"), ("int8", "fp32"), ("int8", "int8"), ("int4", "int8"))
+
+
+@settings(deadline=None)
+@given(rows=st.integers(1, 400), npanels=st.integers(1, 80), nthr=st.integers(1, 8), per=st.integers(1, 4))
+def test_groups_cover_every_panel_once(rows, npanels, nthr, per):
+    g = groups_of(rows, npanels, nthr, per)
+    runs = [(t * npanels // g, (t + 1) * npanels // g) for t in range(g)]     # as tasks.py takes them
+    assert [p for p0, p1 in runs for p in range(p0, p1)] == list(range(npanels))
+    assert all(p1 > p0 for p0, p1 in runs)
+    if per == 1 or rows <= MR:
+        assert g == npanels                 # float weights, a decode step: a panel a task
+    else:
+        assert max(p1 - p0 for p0, p1 in runs) <= per + 1
+        assert g == npanels or g % nthr == 0
+
+
+def near(got, want, dot):
+    """The oracle's bound for the dot: float32's (2e-6 of the largest output) where the
+    products are exact; with rounded inputs an input at a rounding tie may round one step
+    the other way (tests/test_int8_dot.py's near_the_oracle)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if dot == "fp32":
+        return rel_err(got, want) < 2e-6
+    err = np.abs(got - want) / np.abs(want).max()
+    return np.median(err) < 2e-6 and err.max() < 5e-2
+
+
+@settings(max_examples=12, deadline=None)
+@given(fd=st.sampled_from(STORED), T=st.sampled_from([5, 7, 40, 100]), B=st.integers(1, 2), nthr=st.integers(2, 5),
+       ff=st.sampled_from([5, 7]), seed=st.integers(0, 2**32 - 1))
+def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, seed):
+    fmt, dot = fd
+    rng = np.random.default_rng(seed)
+    # d_model 192: W_q, W_k, W_v of 3 panels each on avx512 (12 on avx2); d_ff 64 x 5 or 7:
+    # panel counts that STORED_PANELS and the thread counts do not divide
+    cfg = tblock.BlockConfig(d_model=192, n_heads=3, d_ff=64 * ff, ffn_bias=True, attn_bias=True, ln_affine=True)
+    w = tblock.quantize(random_weights(cfg, rng), fmt, dot=dot)
+    H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
+    want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+    _, flat, scalars, *_ = nb.packing.make_plan(w, cfg, H.dtype)
+    got, bad = block_parallel(H, flat, scalars, nthr)
+    serial = np.empty_like(H)
+    assert bad == -1 and block_serial(H, flat, serial, scalars, 1) == -1
+    assert near(got, want, dot) and near(serial, want, dot)
+
+
+def test_stored_panels_is_a_run():
+    assert STORED_PANELS > 1        # else the runs above are single panels and test nothing new
