@@ -53,16 +53,23 @@ def near(got, want, dot):
     return np.median(err) < 2e-6 and err.max() < 5e-2
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(fd=st.sampled_from(STORED), T=st.sampled_from([5, 7, 40, 100]), B=st.integers(1, 2), nthr=st.integers(2, 5),
-       ff=st.sampled_from([5, 7]), seed=st.integers(0, 2**32 - 1))
-def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, seed):
+       ff=st.sampled_from([5, 7]), llama=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, seed):
     fmt, dot = fd
     rng = np.random.default_rng(seed)
     # d_model 192: W_q, W_k, W_v of 3 panels each on avx512 (12 on avx2); d_ff 64 x 5 or 7:
-    # panel counts that STORED_PANELS and the thread counts do not divide
-    cfg = tblock.BlockConfig(d_model=192, n_heads=3, d_ff=64 * ff, ffn_bias=True, attn_bias=True, ln_affine=True)
-    w = tblock.quantize(random_weights(cfg, rng), fmt, dot=dot)
+    # panel counts that STORED_PANELS and the thread counts do not divide.  llama: the gated
+    # FFN's [gate | up] panel pairs, grouped-query attention, rotary positions, RMSNorm
+    if llama:
+        cfg = tblock.BlockConfig(d_model=192, n_heads=6, n_kv_heads=2, d_ff=64 * ff, norm_type="rmsnorm",
+                                 ffn="gated", activation="silu", positions="rotary", attn_bias="qkv")
+    else:
+        cfg = tblock.BlockConfig(d_model=192, n_heads=3, d_ff=64 * ff, ffn_bias=True, attn_bias=True,
+                                 ln_affine=True)
+    w = tblock.init_weights(cfg, seed=int(rng.integers(2**31))) if llama else random_weights(cfg, rng)
+    w = tblock.quantize(w, fmt, dot=dot)
     H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
     want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
     _, flat, scalars, *_ = nb.packing.make_plan(w, cfg, H.dtype)
