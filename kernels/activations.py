@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-
 from .options import kernel
+from .records import with_part
 from .simd import lanes, panel_lanes, vadd, vdiv, vexp, vload, vload_n, vmax, vmul, vsplat, vstore, vstore_n, vsub
 
 GELU_TANH, GELU_ERF, RELU, SILU = 0, 1, 2, 3
@@ -60,6 +60,12 @@ def gated_rows(G, g_off, ldg, rows, n, Y, y_off, ldy, act):
                     Y[yo + c + j] = 0.5 * g * (1.0 + math.erf(g * _INV_SQRT2)) * G[src + NR + j]
                 continue
             vstore_n(Y, yo + c, vmul(act_vec(vload_n(G, src, m), act), vload_n(G, src + NR, m)), m)
+
+
+@with_part("gated")
+def gated_rows_if_gated(G, g_off, ldg, rows, n, Y, y_off, ldy, dims):
+    """gated_rows with the block's activation (dims.act), for a block with the gated FFN."""
+    gated_rows(G, g_off, ldg, rows, n, Y, y_off, ldy, dims.act)
 
 
 @kernel(readonly=("P",))

@@ -60,12 +60,12 @@ serial and the parallel build's fast-math code, on the thread count.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, types
 from numba.extending import overload
 
 from .layout import ceil_div, ffn_cols, panel_groups, panels, rows_per_task, stage_grid, take, take_f64, up16
 from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel, wait_for
-from .records import Attend, Cache, Dims, Grid, Output, Scratch
+from .records import Attend, Cache, Dims, Grid, Output, Scratch, with_part
 from .rotary import rope_table
 from .simd import panel_lanes
 from .stages import attention_buffers, attention_direct_task, attention_task, attention_work, pack_head
@@ -86,7 +86,7 @@ def attention_core(qkv, T, d, n_heads, kv_heads, causal):
     nseq = qkv.size // (3 * d) // T
     nbh = nseq * n_heads
     dk = d // n_heads
-    dims = Dims(T, d, n_heads, 0, causal, False, 0, 0.0, kv_heads, False, False, 0.0, 1.0)   # the FFN's unused
+    dims = Dims(T, d, n_heads, 0, causal, False, 0, 0.0, kv_heads, None, None, None, 1.0)   # the FFN's unused
     if T * T * dk <= DIRECT_MAX:
         srow = np.empty(nbh * T)
         for t in prange(nbh):
@@ -121,8 +121,9 @@ def work_len(rows, T, d, dff, n_heads, keys, NR, itemsize):
 def rope_rows(dims, first, work, seqs):
     """The rotary table (rotary.rope_table) of a call's T rows a sequence, tokens first..:
     the end of the work buffer when there is one (work_len keeps room for it there), else a
-    new array; empty without rotary positions.  A ragged decode step (seqs: [slot, past]
-    pairs, T = 1): a new table, row b at sequence b's own position seqs[2b + 1]."""
+    new array (for a block with rotary positions: rope_rows_if_rotary).  A ragged decode
+    step (seqs: [slot, past] pairs, T = 1): a new table, row b at sequence b's own
+    position seqs[2b + 1]."""
     if dims.rope_theta <= 0:
         return work[:0]
     dk = dims.d // dims.n_heads
@@ -137,25 +138,34 @@ def rope_rows(dims, first, work, seqs):
     return R
 
 
-def _one_block(H, Wf, dims, cache, scratch, nthr):
+@with_part("rope_theta", absent=lambda dims, first, work, seqs: work[:0])
+def rope_rows_if_rotary(dims, first, work, seqs):
+    """rope_rows for a block with rotary positions; an empty view of work for one without."""
+    return rope_rows(dims, first, work, seqs)
+
+
+def _one_block(H, Wf, dims, cache, scratch, nthr, few):
     """One block on the flat rows H (B*T*d), the body of one_block_serial and
-    one_block_parallel (its two builds, compiled apart): its output (B, T, d): scratch.dest when it is not empty (rows * d
+    one_block_parallel: its output (B, T, d): scratch.dest when it is not empty (rows * d
     elements); else with a work buffer (scratch.work: work_len elements, few keys; empty:
     none) output buffer scratch.slot (0 or 1) of it, every scratch buffer taken from it
     too; else a new array.  scratch.plan: (PLAN_ROWS, PLAN_COLS) intp, room for the stage
     plan; scratch.rope: the rotary table of the call's rows (rope_rows).  cache: the
-    block's Cache (past = -1: none; seqs: a ragged decode step's, stages.seq_at)."""
+    block's Cache (seqs: a ragged decode step's, stages.seq_at), or None: no KV cache.
+    few: True, or None for a call that takes no path of few rows or tiny sequences
+    (takes_few_paths).  Numba compiles no branch on a None argument (it prunes them
+    before typing), so a build for None compiles none of the kernels of those paths."""
     T, d, n_heads = dims.T, dims.d, dims.n_heads
     plan, work = scratch.plan, scratch.work
-    past = cache.past
+    past = -1 if cache is None else cache.past
     NR = panel_lanes(floats(Wf))
     rows = H.size // d
     nseq = rows // T
     # the new rows attend over cached tokens too; through a stored cache (bf16, int8: its
     # arrays are not float) every call does, a first chunk included: it reads its own
     # keys and values rounded, from the cache (kernels.kvstore)
-    extend = past > 0 or (past == 0 and cache.K.itemsize < 4)
-    direct = extend or T * T * (d // n_heads) <= DIRECT_MAX
+    extend = cache is not None and (past > 0 or (past == 0 and cache.K.itemsize < 4))
+    direct = extend or (few is not None and T * T * (d // n_heads) <= DIRECT_MAX)
     arena = work.size > 0
     pos = 0
     if direct:
@@ -185,7 +195,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     # rotary positions and the cache's new rows per (sequence, K/V head) before it
     nbh = nseq * n_heads
     nkv = nseq * dims.kv_heads
-    rotary = dims.rope_theta > 0
+    rotary = dims.rope_theta is not None
     nqt = ceil_div(T, BQ)
     srow, pos = take_f64(work, pos, nbh * T if direct and not extend else 0)
     a_pos = pos                         # the attention tasks' tiles (attention_task)
@@ -217,17 +227,17 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
                     borrowed(work), a_pos, borrowed(scratch.rope))
-    kv = Cache(borrowed(cache.K), borrowed(cache.V), past, cache.max_T, borrowed(cache.seqs))
+    kv = borrowed_cache(cache)
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
     halves = 2 if rows <= MR and nthr > 1 else 1
-    if nthr > 1 and rows <= MC * nthr:
+    if few is not None and nthr > 1 and rows <= MC * nthr:
         # few rows (a decode step, a short sequence: stage_grid gives every GEMM task all
         # the rows): both halves in one parallel region, its stages apart by
         # finished-task counts (wait_for), not a region each, whose start and join cost
         # a visible part of stages this short (docs/perf-log.md); every buffer is set
         # out before the region, which at these sizes adds little to the peak of memory
-        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf))
+        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf), few)
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
         output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
         for s in range(PLAN_ROWS):
@@ -236,14 +246,14 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
             for s in range(n):
                 t = next_task(plan, s, w, halves, nthr)
                 while t < plan[s, 1]:
-                    attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv)
+                    attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv, few)
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
             for s in range(HALF, n2):
                 t = next_task(plan, s, w, halves, nthr)
                 while t < plan[s, 1]:
-                    output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output)
+                    output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output, few)
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
@@ -254,13 +264,13 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         for w in prange(min(nthr, plan[s, 1])):
             t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
-                attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv)
+                attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv, few)
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(X, kt, vp, srow, scratch.rope)
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
     # are freed, which keeps them off the peak of memory at long T
-    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf))
+    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf), few)
     grid2 = Grid(nthr, mc2, groups2)
     output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
     for s in range(HALF, n2):
@@ -268,14 +278,14 @@ def _one_block(H, Wf, dims, cache, scratch, nthr):
         for w in prange(min(nthr, plan[s, 1])):
             t = next_task(plan, s, w, halves, nthr)
             while t < plan[s, 1]:
-                output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output)
+                output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output, few)
                 t = next_task(plan, s, w, halves, nthr)
     keep_alive(q, out, xn, hid, gu, plan, work)
     return out.reshape((nseq, T, d))
 
 
 @kernel(internal=True, inline="always")
-def output_plan(dims, scratch, rows, pos, nthr, per):
+def output_plan(dims, scratch, rows, pos, nthr, per, few):
     """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
     (out, xn, hid, ldh, mc, groups, mf, the row after its last stage, gu; mc and groups:
     its GEMM stage's split).
@@ -290,7 +300,8 @@ def output_plan(dims, scratch, rows, pos, nthr, per):
        buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
        row tile of mf rows, residual and LayerNorms fused (ffn_rows_task).  The gated FFN's
        split stages put each hidden panel's [gate | up] pair in gu (rows, ffn_cols).
-    per: column panels a task of a GEMM stage over all rows takes (wgemm.task_panels)."""
+    per: column panels a task of a GEMM stage over all rows takes (wgemm.task_panels).
+    few: None when the call takes no path of few rows (_one_block)."""
     plan, work, slot, dest = scratch.plan, scratch.work, scratch.slot, scratch.dest
     d, dff = dims.d, dims.dff
     NR = panel_lanes(work)
@@ -304,7 +315,7 @@ def output_plan(dims, scratch, rows, pos, nthr, per):
     n = plan_stage(plan, HALF, OUT_PROJ, ntasks)
     mf = rows_per_task(rows, MF, nthr)
     ldh = dff + 64 // work.itemsize         # a cache line past 4 KiB multiples (ffn_tile)
-    if (nthr > 1 and rows <= MF * nthr) or work.size > 0:
+    if few is not None and ((nthr > 1 and rows <= MF * nthr) or work.size > 0):
         xn, pos = take(work, pos, rows * d)
         hid, pos = take(work, pos, rows * ldh)
         gu, pos = take(work, pos, rows * ffn_cols(dff, True, NR) if dims.gated else 0)
@@ -326,12 +337,13 @@ one_block_parallel = build(_one_block, "one_block_parallel", parallel=True, read
 
 
 @kernel
-def block_parallel(H3, Wf, cfg, nthr):
+def block_parallel(H3, Wf, cfg, few, nthr):
     """The block on H3 (B, T, d) C-contiguous, its tasks on nthr threads: (H_out, -1) with
     H_out a new (B, T, d) array, or (an empty array, 0) when H3 holds a NaN or an Inf.
     Wf: the flat weights (weight_layout).  cfg: (n_heads, dff, causal, pre_ln, act, eps,
     kv_heads, rms, gated, rope_theta, rope_scale), the fields of a Dims after T and d
-    (act: an activations.*_CODE).  nthr: the number of
+    (act: an activations.*_CODE).  few: takes_few_paths(...) or None, the build to run
+    (_one_block; either gives the same result).  nthr: the number of
     threads the tasks are sized for (numba.get_num_threads()) - an argument because
     calling get_num_threads in here makes the function uncacheable.  With a KV cache:
     cached_parallel; into a given array, serially: block_serial."""
@@ -345,8 +357,8 @@ def block_parallel(H3, Wf, cfg, nthr):
     plan = np.empty((PLAN_ROWS, PLAN_COLS), dtype=np.intp)
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
     seqs = plan.reshape(plan.size)[:0]      # uniform: no ragged pairs
-    rope = rope_rows(dims, 0, none, seqs)
-    return one_block_parallel(H, Wf, dims, Cache(none, none, -1, 0, seqs), Scratch(plan, none, 0, none, rope), nthr), -1
+    rope = rope_rows_if_rotary(dims, 0, none, seqs)
+    return one_block_parallel(H, Wf, dims, None, Scratch(plan, none, 0, none, rope), nthr, few), -1
 
 
 @kernel
@@ -365,9 +377,9 @@ def block_serial(H3, Wf, out3, cfg, nthr):
     dims = Dims(H3.shape[-2], H3.shape[-1], *cfg)
     Wf = as_weights(Wf)
     seqs = borrowed(plan.reshape(plan.size)[:0])      # uniform: no ragged pairs
-    rope = rope_rows(dims, 0, none, seqs)
-    one_block_serial(borrowed(H), borrow(Wf), dims, Cache(nothing, nothing, -1, 0, seqs),
-                     Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size), borrowed(rope)), nthr)
+    rope = rope_rows_if_rotary(dims, 0, none, seqs)
+    one_block_serial(borrowed(H), borrow(Wf), dims, None,
+                     Scratch(borrowed(plan), nothing, 0, borrowed(out3).reshape(out3.size), borrowed(rope)), nthr, True)
     keep_alive(H, Wf, none, plan, out3, rope)
     return -1
 
@@ -414,7 +426,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
     if work.size > 0 and (not few_keys or work.size < work_len(H.size // d, T, d, dims.dff, dims.n_heads,
                                                                  max(past, 0) + T, panel_lanes(floats(Wf)), floats(Wf).itemsize)):
         work = work[:0]                     # not for this call: new buffers
-    rope = rope_rows(dims, max(past, 0), work, seqs)     # every block's: one config, the same tokens
+    rope = rope_rows_if_rotary(dims, max(past, 0), work, seqs)     # every block's: one config, the same tokens
     for blk in range(nblocks):
         if layers.shape[0] > 0:
             W = weights_at(Wf, layers, blk)
@@ -425,7 +437,7 @@ def _cached(H3, Wf, cfg, cache, nthr, one_block):
         if not all_finite_flat(H):         # as in block_parallel
             break
         kv = Cache(Kb, Vb, past, max_T, borrowed(seqs))
-        out3 = one_block(H, W, dims, kv, Scratch(plan, work, blk % 2, work[:0], rope), nthr)
+        out3 = one_block(H, W, dims, kv, Scratch(plan, work, blk % 2, work[:0], rope), nthr, True)
         if blk == nblocks - 1:
             return out3, -1
         H = out3.reshape(H.size)            # the next block's input
@@ -443,6 +455,25 @@ def _ragged_pairs(cache):
     if len(cache.types) == 8:
         return lambda cache: cache[7]
     return lambda cache: cache[5].reshape(cache[5].size)[:0]
+
+
+def borrowed_cache(cache):
+    """The Cache with borrowed views of its arrays (options.borrowed), or None for None."""
+
+
+@overload(borrowed_cache, inline="always")
+def _borrowed_cache(cache):
+    if isinstance(cache, types.NoneType):
+        return lambda cache: None
+    return lambda cache: Cache(borrowed(cache.K), borrowed(cache.V), cache.past, cache.max_T, borrowed(cache.seqs))
+
+
+def takes_few_paths(rows, T, dk, nthr):
+    """Whether a call without a KV cache, of ``rows`` rows, T a sequence, head size dk on
+    nthr threads, can take a path of _one_block's for few rows or tiny sequences (its one
+    parallel region, the FFN split by columns, attention without tiles): block_parallel's
+    ``few``, True, or None for the build that compiles none of them."""
+    return True if (nthr > 1 and rows <= max(MC, MF) * nthr) or T * T * dk <= DIRECT_MAX else None
 
 
 # standalone: kernels.decode calls them by address; H3 typed read-only, as the API hands it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activations import bias_act_rows, gated_rows
+from .activations import bias_act_rows, gated_rows_if_gated
 from .layernorm import layernorm_rows
 from .layout import block_layout, ffn_cols, norm_offsets, panels, row_piece
 from .options import borrowed, keep_alive, kernel
@@ -65,7 +65,7 @@ def ffn_tile(X, x_off, m, dims, Wf, out, out_off, residual):
             # written from column 0; then hid[:, 0:cw] = act(gate) * up
             wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, n1), gu, Rows(-2 * c0, ldg),
                         Tile(0, m, 2 * (c0 // NR), 2 * panels(c0 + cw, NR)), False, o_b1)
-            gated_rows(gu, 0, ldg, m, cw, hid, 0, ldh, dims.act)
+            gated_rows_if_gated(gu, 0, ldg, m, cw, hid, 0, ldh, dims)
         else:
             # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
             wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
@@ -91,7 +91,7 @@ def ffn_up_task(Wf, dims, rows, bufs, p0, p1):
         n1 = ffn_cols(dff, True, NR)
         wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, n1), bufs.gu, Rows(0, n1),
                     Tile(0, rows, 2 * p0, 2 * p1), False, o_b1)
-        gated_rows(bufs.gu, 2 * c0, n1, rows, c1 - c0, bufs.hid, c0, bufs.ldh, dims.act)
+        gated_rows_if_gated(bufs.gu, 2 * c0, n1, rows, c1 - c0, bufs.hid, c0, bufs.ldh, dims)
         return
     wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
                 Tile(0, rows, p0, p1), False, -1)

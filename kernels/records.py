@@ -46,7 +46,10 @@ A block call (stages, block):
                              kv_heads K/V heads (query head h reads K/V head h // group),
                              rms RMSNorm for LayerNorm, gated the gated FFN ([gate | up]
                              panels, layout.ffn_cols), rope_theta > 0 rotary positions
-                             (0: none) with positions divided by rope_scale
+                             with positions divided by rope_scale.  gated and rope_theta
+                             are None for a block without that part (rms: None or True):
+                             Dims is then of another type, its build another, and that
+                             build compiles none of the part's kernels (present)
     Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
     Cache(K, V, past, max_T, seqs)   the keys and values attention reads: packed K^T
                              and V for max_T tokens a head, past of them there before
@@ -65,7 +68,12 @@ A block call (stages, block):
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import namedtuple
+
+from numba.core import types
+from numba.extending import overload
 
 Rows = namedtuple("Rows", "off ld")
 Panels = namedtuple("Panels", "off ld k n")
@@ -93,3 +101,29 @@ Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos rope")
 # per FFN task when it is not; gu, the gated FFN's [gate | up] panels of the split stages
 # (rows, ffn_cols), empty otherwise.
 Output = namedtuple("Output", "q ldq out xn hid ldh mf gu")
+
+
+def present(rec, name) -> bool:
+    """At typing time: whether field ``name`` of a record's Numba type is not None, a part
+    the block has (Dims' gated, rope_theta)."""
+    return not isinstance(rec.types[rec.fields.index(name)], types.NoneType)
+
+
+def with_part(part, absent=None):
+    """Decorator of a function of the block's parts whose argument ``dims`` is a Dims:
+    compiled code calls it where dims' field ``part`` is not None, and ``absent`` (the
+    same parameters; None: a function that does nothing) where it is None.  So the
+    function's body, which calls the part's kernels, is never typed in the build of a
+    block without the part, and that build compiles none of them."""
+    def wrap(fn):
+        names = list(inspect.signature(fn).parameters)
+        at = names.index("dims")
+        # Numba wants an implementation's parameters named as the function's
+        skip = absent or eval(f"lambda {', '.join(names)}: None")
+
+        @functools.wraps(fn)           # the signature Numba checks implementations against
+        def choose(*args):
+            return fn if present(args[at], part) else skip
+        overload(fn, inline="always")(choose)
+        return fn
+    return wrap

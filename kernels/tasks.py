@@ -14,11 +14,13 @@ attention, one query tile), else in a stage of their own before attention.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .ffn import ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task
 from .layout import block_layout, kt_len, norm_offsets, panel_groups, panels, task_tile
 from .kvstore import attend_cache, cache_first, cache_new_rows
 from .options import claim, kernel
-from .records import Cache
+from .records import Cache, with_part
 from .rotary import rotate_kt, rotate_rows
 from .simd import panel_lanes
 from .stages import attention_direct_task, attention_task, layernorm_piece, out_proj_task, qkv_task
@@ -86,18 +88,38 @@ def inline_new_rows(dims, cached):
 def new_rows(bufs, dims, t, cache):
     """The new rows of K/V head g = t % kv_heads of sequence b = t // kv_heads, in q as
     rows [Q | K | V] of 3d (bufs: Attend): with rotary positions, its K head and the
-    group's Q heads turned; with a cache (past >= 0), its keys and values written there."""
-    if dims.rope_theta > 0:
-        d, T = dims.d, dims.T
-        dk = d // dims.n_heads
-        group = dims.n_heads // dims.kv_heads
-        b, g = t // dims.kv_heads, t % dims.kv_heads
-        base = b * T * 3 * d
-        r0 = b * T if cache.seqs.size > 0 else 0    # a ragged step's table: a row a sequence
-        rotate_rows(bufs.q, base + g * group * dk, 3 * d, T, group, dk, bufs.rope, r0)
-        rotate_rows(bufs.q, base + d + g * dk, 3 * d, T, 1, dk, bufs.rope, r0)
-    if cache.past >= 0:
+    group's Q heads turned; with a cache (None: none), its keys and values written there."""
+    ragged = cache is not None and cache.seqs.size > 0      # the rotary table: a row a sequence
+    turn_new_rows_if_rotary(bufs, dims, t, ragged)
+    if cache is not None:
         cache_new_rows(bufs.q, dims, t, cache)
+
+
+@with_part("rope_theta")
+def turn_new_rows_if_rotary(bufs, dims, t, ragged):
+    """turn_new_rows for a block with rotary positions."""
+    turn_new_rows(bufs, dims, t, ragged)
+
+
+@kernel(internal=True)
+def turn_new_rows(bufs, dims, t, ragged):
+    """Rotary positions for K/V head g = t % kv_heads of sequence b = t // kv_heads in q's
+    rows [Q | K | V] of 3d: its K head and the group's Q heads turned, at the table's rows
+    from 0, or from b*T for a ragged step's table (ragged: a row a sequence)."""
+    d, T = dims.d, dims.T
+    dk = d // dims.n_heads
+    group = dims.n_heads // dims.kv_heads
+    b, g = t // dims.kv_heads, t % dims.kv_heads
+    base = b * T * 3 * d
+    r0 = b * T if ragged else 0
+    rotate_rows(bufs.q, base + g * group * dk, 3 * d, T, group, dk, bufs.rope, r0)
+    rotate_rows(bufs.q, base + d + g * dk, 3 * d, T, 1, dk, bufs.rope, r0)
+
+
+@with_part("rope_theta")
+def rope_packed_if_rotary(bufs, dims, t):
+    """rope_packed for a block with rotary positions."""
+    rope_packed(bufs, dims, t)
 
 
 @kernel(internal=True)
@@ -113,9 +135,11 @@ def rope_packed(bufs, dims, t):
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
-    """Task t of ``stage`` (LN1 .. ROPE) of block._one_block, which sets out the records:
-    H the flat rows, bufs the Attend buffers, cache the block's Cache (past < 0: none)."""
+def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache, few):
+    """Task t of ``stage`` (LN1 .. ROPE) of block._one_block, which sets out the records
+    and says what cache and few are: H the flat rows, bufs the Attend buffers, cache the
+    block's Cache or None.  The stages of a cache and those of few rows (ATTEND_DIRECT)
+    are compiled only into builds that can run them (cache, few not None)."""
     d = dims.d
     rows = H.size // d
     NR = panel_lanes(floats(Wf))
@@ -124,33 +148,40 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache):
         layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)
     elif stage == QKV:
         qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, qkv_panels(dims, NR)), bufs)
-    elif stage == CACHE_NEW:
+    elif stage == ATTEND:
+        seqs = np.empty(0, np.intp) if cache is None else cache.seqs        # uniform: no ragged pairs
+        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T, seqs), bufs.work, bufs.w_pos)
+    elif stage == ROPE:
+        rope_packed_if_rotary(bufs, dims, t)
+    elif (few is not None or cache is not None) and stage == CACHE_NEW:   # rotary positions without a cache too
         new_rows(bufs, dims, t, cache)
-    elif stage == ATTEND_CACHED:
-        if inline_new_rows(dims, True):     # the task's own head, appended before it is read
-            new_rows(bufs, dims, t, cache)
-        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
-    elif stage == ATTEND_DIRECT:
+    elif few is not None and stage == ATTEND_DIRECT:
         if inline_new_rows(dims, False):
             new_rows(bufs, dims, t, cache)
         attention_direct_task(bufs.q, dims, t, bufs.srow)
-    elif stage == ATTEND:
-        attention_task(bufs.q, bufs.ldq, dims, t, Cache(bufs.kt, bufs.vp, 0, dims.T, cache.seqs), bufs.work, bufs.w_pos)
-    elif stage == ROPE:
-        rope_packed(bufs, dims, t)
-    else:
+    elif cache is not None and stage == ATTEND_CACHED:
+        if inline_new_rows(dims, True):     # the task's own head, appended before it is read
+            new_rows(bufs, dims, t, cache)
+        attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
+    elif cache is not None:
         cache_first(bufs.kt, bufs.vp, dims, t, cache)
 
 
 @kernel(readonly=("H", "Wf"), standalone=True, internal=True)
-def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
+def output_stages_task(stage, t, H, Wf, dims, grid, bufs, few):
     """Task t of ``stage`` (OUT_PROJ .. FFN_ROWS) of block._one_block, which sets out the
-    records: H the flat rows, bufs the Output buffers."""
+    records: H the flat rows, bufs the Output buffers; the FFN's stages split by columns
+    (FFN_IN .. LN_POST, few rows) are compiled only into builds that can run them (few
+    not None)."""
     d = dims.d
     rows = H.size // d
     NR = panel_lanes(floats(Wf))
     if stage == OUT_PROJ:
         out_proj_task(H, Wf, dims, task_tile(t, grid.groups, grid.mc, rows, panels(d, NR)), bufs)
+    elif stage == FFN_ROWS:
+        ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))
+    elif few is None:
+        pass
     elif stage == FFN_IN:
         ffn_input_task(Wf, dims, t, grid.nthr, rows, bufs)
     elif stage == FFN_UP or stage == FFN_DOWN:
@@ -161,8 +192,6 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs):
             ffn_up_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
         else:
             ffn_down_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
-    elif stage == LN_POST:
+    else:
         g_off, b_off = norm_offsets(block_layout(dims, NR), 2, dims.rms)
         layernorm_piece(bufs.out, bufs.out, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)
-    else:
-        ffn_rows_task(Wf, dims, bufs.out, t * bufs.mf, min(rows, (t + 1) * bufs.mf))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tblock
@@ -26,7 +26,6 @@ F64_TOL = 1e-10
 # the worst cases have d_model = 2 or 3, where LayerNorm over 2-3 values amplifies the
 # rounding of nearly equal entries.  Bound with 5x margin:
 F32_TOL = 5e-5
-
 
 def random_weights(cfg, seed, nonzero_extras=True):
     """init_weights, with random nonzero biases and LayerNorm affines when the config has
@@ -252,12 +251,63 @@ def test_block_the_same_for_any_thread_count(case, T, nthr, dtype):
     in one of 25 avx2 float64 examples (d_model 2) a last bit differed, amplified by the
     LayerNorm of two values, as the oracle comparisons' bounds allow for."""
     from tblock.backends import numba as nb
-    from tblock.kernels.block import block_parallel, block_serial
+    from tblock.kernels.block import block_parallel, block_serial, takes_few_paths
     cfg, _, B, _, seed = case
     H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
     _, flat, scalars, *_ = nb.packing.make_plan(random_weights(cfg, seed), cfg, H.dtype)
     want = np.empty_like(H)
     bad = block_serial(H, flat, want, scalars, 1)
-    got, bad_too = block_parallel(H, flat, scalars, nthr)
+    few = takes_few_paths(B * T, T, cfg.d_model // cfg.n_heads, nthr)
+    got, bad_too = block_parallel(H, flat, scalars, few, nthr)
     assert bad == bad_too == -1 and got.shape == H.shape
     assert rel_err(got, want) <= (F64_TOL if dtype == np.float64 else F32_TOL)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=block_cases(max_T=64, max_d=96), T=st.sampled_from([64, 130, 300]), nthr=st.integers(2, 4),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_the_build_for_many_rows_runs_few_the_same(case, T, nthr, dtype):
+    """block_parallel's build for few=None (kernels.block.takes_few_paths) compiles none of
+    the paths for few rows; handed a call of few rows (with tiled attention: T*T*d_k above
+    DIRECT_MAX), it runs the paths for many (a parallel region a stage, the FFN by row
+    tiles) and gives the bits of the build that runs the others (one region, the FFN split
+    by columns: the same sums in the same order)."""
+    from tblock.backends import numba as nb
+    from tblock.kernels.block import block_parallel
+    from tblock.kernels.tiles import DIRECT_MAX, MC
+    cfg, _, B, _, seed = case
+    assume(T * T * (cfg.d_model // cfg.n_heads) > DIRECT_MAX and B * T <= MC * nthr)
+    H = np.random.default_rng(seed).standard_normal((B, T, cfg.d_model)).astype(dtype)
+    _, flat, scalars, *_ = nb.packing.make_plan(random_weights(cfg, seed), cfg, H.dtype)
+    few, bad = block_parallel(H, flat, scalars, True, nthr)
+    many, bad_too = block_parallel(H, flat, scalars, None, nthr)
+    assert bad == bad_too == -1
+    np.testing.assert_array_equal(many, few)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("call", ["long", "short", "cached", "llama"])
+def test_a_call_compiles_only_its_own_paths(call, tmp_path):
+    """A process's first call compiles the kernels of the paths it can take, not the
+    others' (kernels.block: Numba prunes branches on None arguments before typing them):
+    a long sequence without a cache none of the few-row paths' (the FFN split by columns,
+    attention without tiles) nor the cache's; a short one the few-row paths but not the
+    cache's; a call into a cache, which may be followed by decode steps, all of them; and
+    only a block with rotary positions or the gated FFN their kernels (kernels.records.with_part)."""
+    import json
+    import os
+    import subprocess
+
+    from conftest import proc
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_NUM_THREADS": "2"}
+    p = subprocess.run(proc("path_builds", call), capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    builds = json.loads(p.stdout.strip().splitlines()[-1])
+    paths = {"ffn_input_task", "ffn_up_task", "ffn_down_task", "attention_direct_task", "cache_rows_task",
+             "cache_packed_task", "attention_task"}
+    own = {"long": {"attention_task"}, "short": {"ffn_input_task", "ffn_up_task", "ffn_down_task",
+                                                  "attention_direct_task", "attention_task"},
+           "cached": paths,
+           "llama": {"attention_task", "rope_rows", "rope_table", "rope_packed", "rotate_rows", "rotate_kt",
+                     "gated_rows"}}[call]
+    assert {name for name, n in builds.items() if n > 0} == own, builds

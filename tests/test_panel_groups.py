@@ -73,7 +73,7 @@ def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, s
     H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
     want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
     _, flat, scalars, *_ = nb.packing.make_plan(w, cfg, H.dtype)
-    got, bad = block_parallel(H, flat, scalars, nthr)
+    got, bad = block_parallel(H, flat, scalars, True, nthr)
     serial = np.empty_like(H)
     assert bad == -1 and block_serial(H, flat, serial, scalars, 1) == -1
     assert near(got, want, dot) and near(serial, want, dot)

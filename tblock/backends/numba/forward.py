@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.block import block_parallel, block_serial
+from ... import _runtime
+from ...kernels.block import block_parallel, block_serial, takes_few_paths
 from ...kernels.validate import all_finite_flat
 from .packing import PLAN, forward_flops, plan_of
 from .parallel import is_serial, parallel_call
@@ -60,10 +61,16 @@ def parallel_lane(H, flat, scalars):
     call skips the checks that cost a few microseconds; None for an H holding a NaN or an Inf."""
     H3 = H.reshape((1,) + H.shape) if H.ndim == 2 else H[...]
     H3.flags.writeable = False
-    out, bad = parallel_call(block_parallel, H3, flat, scalars, pass_threads=True)
+    out, bad = parallel_call(block_parallel, H3, flat, scalars, few_paths(H3.shape, scalars), pass_threads=True)
     if bad >= 0:
         return None
     return out[0] if H.ndim == 2 else out
+
+
+def few_paths(shape, scalars):
+    """block_parallel's ``few`` for an input of this (B, T, d) shape (kernels.block.takes_few_paths)."""
+    B, T, d = shape
+    return takes_few_paths(B * T, T, d // scalars[0], _runtime.get_num_threads())
 
 
 def forward_batch(H, weights, cfg, trace):
@@ -84,5 +91,5 @@ def forward_batch(H, weights, cfg, trace):
         out = np.empty(H.shape, H.dtype)
         bad = block_serial(H, flat, out, scalars, 1)
     else:
-        out, bad = parallel_call(block_parallel, H, flat, scalars, pass_threads=True)
+        out, bad = parallel_call(block_parallel, H, flat, scalars, few_paths(H.shape, scalars), pass_threads=True)
     return (out, None) if bad < 0 else (None, None)

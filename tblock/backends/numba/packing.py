@@ -217,10 +217,13 @@ def cached_flops(B: int, T: int, past: int, per_row: int, per_key: int) -> int:
 
 
 def scalars_of(cfg) -> tuple:
-    """The block's scalar arguments (kernels.block's cfg: the fields of a Dims after T and d)."""
-    rope_theta = cfg.rope_theta if cfg.positions == "rotary" else 0.0      # 0: no rotary positions
+    """The block's scalar arguments (kernels.block's cfg: the fields of a Dims after T and d);
+    gated and rope_theta None for a block without the gated FFN or rotary positions, so
+    that its build compiles none of their kernels (kernels.records.with_part)."""
+    rope_theta = cfg.rope_theta if cfg.positions == "rotary" else None
+    gated = True if cfg.ffn == "gated" else None
     return (cfg.n_heads, cfg.d_ff, cfg.causal, cfg.norm == "pre", ACTIVATION_CODES[cfg.activation], cfg.eps,
-            cfg.kv_heads, cfg.norm_type == "rmsnorm", cfg.ffn == "gated", rope_theta, cfg.rope_scale)
+            cfg.kv_heads, cfg.norm_type == "rmsnorm", gated, rope_theta, cfg.rope_scale)
 
 
 def make_plan(weights, cfg, dtype):

@@ -31,7 +31,8 @@ def warmup() -> None:
         for X in (H, H[0], H.copy(), H[0].copy()):  # the lane's: 2-D or 3-D, read-only or not
             block_serial(X, args[1], np.empty(X.shape, dtype), args[2], 1)
         if parallel:
-            parallel_call(block_parallel, *args, pass_threads=True)
+            for few in (True, None):        # the builds for calls of few rows and of many (forward.few_paths)
+                parallel_call(block_parallel, *args, few, pass_threads=True)
         cache = make_caches(cfg, 1, 5, 1, dtype)[0]
         cached = args + (cache_args(cache, ONE_BLOCK),)
         cached_serial(*cached, 1)
