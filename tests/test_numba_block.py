@@ -26,6 +26,33 @@ F64_TOL = 1e-10
 # the worst cases have d_model = 2 or 3, where LayerNorm over 2-3 values amplifies the
 # rounding of nearly equal entries.  Bound with 5x margin:
 F32_TOL = 5e-5
+# ... but a LayerNorm over 2-3 nearly equal values can amplify float32's rounding past it
+# (d_model 2, Post-LN: 3.5e-4).  Such a case is held to SENSITIVITY_MARGIN times the change
+# float32-sized perturbations make in the float64 oracle (sensitivity); measured: that
+# case's error 0.64 of its sensitivity, the median over 550 random cases 2.4.
+SENSITIVITY_MARGIN = 10
+
+
+def sensitivity(H, w, cfg, reps=3):
+    """The largest relative change in the float64 oracle's output when the input and every
+    weight are each multiplied by 1 + u, |u| <= 2^-24 (float32's rounding), over reps draws."""
+    rng = np.random.default_rng(0)
+    want = tblock.forward(H, w, cfg, backend="numpy")
+    worst = 0.0
+    for _ in range(reps):
+        def jitter(a):
+            return a * (1 + 2.0**-24 * rng.uniform(-1, 1, a.shape))
+        moved = tblock.BlockWeights(**{k: jitter(v) for k, v in w.arrays().items()})
+        worst = max(worst, rel_err(tblock.forward(jitter(H), moved, cfg, backend="numpy"), want))
+    return worst
+
+
+def assert_f32_close(got, want, H, w, cfg):
+    """got, a float32 run, within F32_TOL of want, or within SENSITIVITY_MARGIN times the
+    case's sensitivity where its LayerNorms amplify rounding that far."""
+    err = rel_err(got, want)
+    assert err < F32_TOL or err < SENSITIVITY_MARGIN * sensitivity(np.asarray(H, np.float64), w, cfg), err
+
 
 def random_weights(cfg, seed, nonzero_extras=True):
     """init_weights, with random nonzero biases and LayerNorm affines when the config has
@@ -92,7 +119,7 @@ def check_against_oracle(cfg, T, B, layout, seed, trace):
     # float32 in, float32 out, against the float64 oracle on the same values
     got32 = tblock.forward(H.astype(np.float32), w, cfg, backend="numba")
     assert got32.dtype == np.float32 and got32.shape == H.shape
-    assert rel_err(got32, want) < F32_TOL
+    assert_f32_close(got32, want, H, w, cfg)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -198,8 +225,9 @@ def test_numba_matches_c_reference(case):
     H = make_input(T, B, cfg.d_model, layout, seed, np.float64)
     want = tblock.forward(H, w, cfg, backend="c")
     assert rel_err(tblock.forward(H, w, cfg, backend="numba"), want) < F64_TOL
-    assert rel_err(tblock.forward(H.astype(np.float32), w, cfg, backend="numba"),
-                   tblock.forward(H.astype(np.float32).astype(np.float64), w, cfg, backend="c")) < F32_TOL
+    H32 = H.astype(np.float32)
+    want32 = tblock.forward(H32.astype(np.float64), w, cfg, backend="c")
+    assert_f32_close(tblock.forward(H32, w, cfg, backend="numba"), want32, H32, w, cfg)
 
 
 @needs_c
@@ -260,7 +288,10 @@ def test_block_the_same_for_any_thread_count(case, T, nthr, dtype):
     few = takes_few_paths(B * T, T, cfg.d_model // cfg.n_heads, nthr)
     got, bad_too = block_parallel(H, flat, scalars, few, nthr)
     assert bad == bad_too == -1 and got.shape == H.shape
-    assert rel_err(got, want) <= (F64_TOL if dtype == np.float64 else F32_TOL)
+    if dtype == np.float64:
+        assert rel_err(got, want) <= F64_TOL
+    else:
+        assert_f32_close(got, want, H, random_weights(cfg, seed), cfg)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
