@@ -148,12 +148,22 @@ class CacheFile(caching.IndexDataCacheFile):
             return None
 
     def save(self, key, data):
+        """The entry's data file is named by its key, not numbered by the index: two
+        processes saving entries of one function at once (a compile-ahead helper and the
+        call it helps, tblock.backends.numba.ahead) never write one file for two keys.
+        Data first, so the index names no file not yet written; an index entry one
+        writer's index drops is compiled again later."""
         if not self._ours:
             return super().save(key, data)
         if _no_writes:
             return
+        name = self._data_name(int(hashlib.sha256(repr(key).encode()).hexdigest()[:15], 16))
         try:
-            super().save(key, data)
+            self._save_data(name, data)
+            overloads = self._load_index()
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
         except OSError as e:
             _cannot_write(e)
 
@@ -186,6 +196,13 @@ class CacheFile(caching.IndexDataCacheFile):
         if raw[:len(self.TAG)] != self.TAG or hashlib.sha256(raw[head:]).digest() != raw[len(self.TAG):head]:
             raise ValueError("its sha256 does not match its contents")
         return pickle.loads(raw[head:])
+
+
+def holds(dispatcher, signature: tuple) -> bool:
+    """Whether the cache holds ``dispatcher``'s machine code for ``signature`` (its argument
+    types), without loading it."""
+    cache = dispatcher._cache
+    return cache._index_key(signature, dispatcher.targetctx.codegen()) in cache._cache_file._load_index()
 
 
 class PathCacheLocator(caching._CacheLocator):

@@ -216,3 +216,21 @@ def test_a_cache_volume_that_turns_read_only_leaves_the_kernels_compiled_in_memo
         reason = "Permission denied"
     assert path.startswith(str(cache)) and misses > 0
     assert len(warnings) == 1 and f"cannot write Numba's cache in {path} ({reason})" in warnings[0], warnings
+
+
+def test_two_writers_of_one_function_never_share_a_data_file(tmp_path, monkeypatch):
+    """Two processes saving entries of one function at once (a compile-ahead helper and the
+    call it helps): the second read the index before the first wrote it.  Numbered by that
+    index, both entries took data file 1, and whichever index was written last could name
+    the other key's code; named by key, each file holds its own key's entry."""
+    from tblock.kernels import cache
+    monkeypatch.setattr(cache, "CACHE_PATH", str(tmp_path))
+    first = cache.CacheFile(str(tmp_path), "f-1.py311", "stamp")
+    second = cache.CacheFile(str(tmp_path), "f-1.py311", "stamp")
+    monkeypatch.setattr(second, "_load_index", lambda: {})          # its stale view of the index
+    first.save(("a",), "entry a")
+    name_a = first._load_index()[("a",)]
+    second.save(("b",), "entry b")
+    index = first._load_index()
+    assert list(index) == [("b",)] and index[("b",)] != name_a       # the last writer's index: b alone
+    assert first._load_data(name_a) == "entry a" and first.load(("b",)) == "entry b"
