@@ -125,6 +125,14 @@ def _after_fork_in_child() -> None:
         _serial_only = True
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask; every CPU where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
+
+
 def pool_size() -> int:
     """The most threads a call can use: the size of Numba's pool (NUMBA_NUM_THREADS)."""
     try:

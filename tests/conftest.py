@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,6 +6,11 @@ import numpy as np
 import pytest
 
 import tblock
+
+# no compile-ahead helper per new build (tblock.backends.numba.ahead): the suite makes
+# hundreds, and helpers would take the core its parallel tests run on; test_compile_ahead
+# turns it on
+os.environ.setdefault("TBLOCK_COMPILE_AHEAD", "0")
 
 # the programs tests run in child processes: tests/procs/<name>.py, run by path
 PROCS = Path(__file__).resolve().parent / "procs"

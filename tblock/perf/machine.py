@@ -11,14 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._runtime import usable_cores
+
 PACKAGE = Path(__file__).resolve().parent.parent     # tblock/
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:          # not on Linux
-        return os.cpu_count() or 1
 
 
 def package_version(module):

@@ -1,0 +1,81 @@
+"""Compile ahead: a second process compiles the block's output half while a first call
+compiles the rest.
+
+Numba compiles one function at a time in a process.  A cold first call of the parallel
+block spends about a third of its compile on the output half (kernels.tasks'
+output_stages_task: W_O, the FFN and their GEMMs); a helper process started with the
+call compiles that kernel for the signature the call will use and writes it to Numba's
+cache, and the call, when its typing reaches the kernel, loads it from there
+(docs/perf-log.md: 12.7 s to 8.5 s at d_model 768, T 1024 on 2 cores).  Should the call
+get there first, it compiles the kernel itself, as without a helper.
+
+A helper starts only where it can help: float weights, a writable kernel cache
+(kernels.cache.CACHE_PATH) not yet holding that signature, two or more usable CPUs, once
+a signature a process; TBLOCK_COMPILE_AHEAD=0 turns it off.  It is a child process of
+its own (``python -m tblock.backends.numba.ahead``), its output discarded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+from numba import typeof, types
+
+from ..._runtime import usable_cores
+from ...kernels.cache import CACHE_PATH, holds
+from ...kernels.records import Dims, Grid, Output
+from ...kernels.tasks import output_stages_task
+
+_started: set = set()
+_lock = threading.Lock()
+
+
+def output_signature(dtype, scalars: tuple, few) -> tuple:
+    """output_stages_task's argument types in block_parallel's call on float weights of
+    ``dtype`` with the block's scalar arguments (packing.scalars_of), as _one_block types
+    them: stage and task, H and the weights (read-only), the records, few (True or None)."""
+    a = np.empty(0, dtype)
+    frozen = typeof(a).copy(readonly=True)
+    output = typeof(Output(a, 0, a, a, a, 0, 0, a))
+    return (types.int64, types.int64, frozen, frozen, typeof(Dims(0, 0, *scalars)), typeof(Grid(0, 0, 0)),
+            output, typeof(few))
+
+
+def start(dtype, scalars: tuple, few) -> subprocess.Popen | None:
+    """Start the helper for a call of block_parallel on float weights of ``dtype`` (see the
+    module's text for when it starts); the helper's process, or None."""
+    if os.environ.get("TBLOCK_COMPILE_AHEAD", "1") == "0" or CACHE_PATH is None or usable_cores() < 2:
+        return None
+    key = (np.dtype(dtype).char, scalars, few)
+    with _lock:
+        if key in _started:
+            return None
+        _started.add(key)
+    try:
+        if holds(output_stages_task, output_signature(dtype, scalars, few)):
+            return None
+    except Exception:           # an index Numba cannot read: the call compiles as without a helper
+        return None
+    args = [sys.executable, "-m", __name__, np.dtype(dtype).str, repr(scalars), repr(few)]
+    try:
+        helper = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    except OSError:             # no interpreter to start (a frozen application): compile as without
+        return None
+    threading.Thread(target=helper.wait, daemon=True).start()       # reaps it
+    return helper
+
+
+def main(argv: list[str]) -> None:
+    """The helper: compile output_stages_task for (dtype, scalars, few) as given by start."""
+    import ast
+    dtype, scalars, few = np.dtype(argv[0]), ast.literal_eval(argv[1]), ast.literal_eval(argv[2])
+    output_stages_task.compile(output_signature(dtype, scalars, few))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
