@@ -37,11 +37,38 @@ def test_the_call_loads_what_the_helper_compiled(tmp_path):
     assert np.isfinite(np.frombuffer(bytes.fromhex(alone["out"]), np.float32)).all()
 
 
-def test_off_switch_and_no_cache(monkeypatch):
-    """TBLOCK_COMPILE_AHEAD=0 starts nothing, and nor does a process without a kernel cache."""
+def test_when_a_helper_starts(monkeypatch):
+    """Only with the switch on, a kernel cache, two usable CPUs and the signature not cached,
+    and once a signature a process (a stand-in for Popen records the starts)."""
     from tblock.backends.numba import ahead
+    started = []
+
+    class Helper:
+        def __init__(self, args, **kwargs):
+            started.append(args)
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(ahead.subprocess, "Popen", Helper)
+    monkeypatch.setattr(ahead, "_started", set())
+    monkeypatch.setattr(ahead, "holds", lambda kernel, signature: False)       # a cold cache
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    scalars = (2, 64, True, True, 0, 1e-5, 2, False, None, None, 1.0)
     monkeypatch.setenv("TBLOCK_COMPILE_AHEAD", "0")
-    assert ahead.start(np.float32, (2, 64, True, True, 0, 1e-5, 2, False, None, None, 1.0), None) is None
+    assert ahead.start(np.float32, scalars, None) is None and not started
     monkeypatch.setenv("TBLOCK_COMPILE_AHEAD", "1")
     monkeypatch.setattr(ahead, "CACHE_PATH", None)
-    assert ahead.start(np.float32, (2, 64, True, True, 0, 1e-5, 2, False, None, None, 1.0), None) is None
+    assert ahead.start(np.float64, scalars, None) is None and not started
+    monkeypatch.setattr(ahead, "CACHE_PATH", "a folder")
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
+    assert ahead.start(np.float32, scalars, True) is None and not started
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "holds", lambda kernel, signature: True)        # already cached
+    assert ahead.start(np.float64, scalars, True) is None and not started
+    monkeypatch.setattr(ahead, "holds", lambda kernel, signature: False)
+    assert ahead.start(np.float32, scalars, True) is None and not started       # each signature is looked at once
+    assert ahead.start(np.float64, scalars, None) is None and not started
+    other = scalars[:-1] + (2.0,)
+    assert ahead.start(np.float64, other, True) is not None and len(started) == 1
+    assert started[0][-3:] == ["<f8", repr(other), "True"]
+    assert ahead.start(np.float64, other, True) is None and len(started) == 1

@@ -6,8 +6,8 @@ block spends about a third of its compile on the output half (kernels.tasks'
 output_stages_task: W_O, the FFN and their GEMMs); a helper process started with the
 call compiles that kernel for the signature the call will use and writes it to Numba's
 cache, and the call, when its typing reaches the kernel, loads it from there
-(docs/perf-log.md: 12.7 s to 8.5 s at d_model 768, T 1024 on 2 cores).  Should the call
-get there first, it compiles the kernel itself, as without a helper.
+(docs/perf-log.md).  Should the call get there first, it compiles the kernel itself, as
+without a helper.
 
 A helper starts only where it can help: float weights, a writable kernel cache
 (kernels.cache.CACHE_PATH) not yet holding that signature, two or more usable CPUs, once
@@ -48,13 +48,15 @@ def output_signature(dtype, scalars: tuple, few) -> tuple:
 def start(dtype, scalars: tuple, few) -> subprocess.Popen | None:
     """Start the helper for a call of block_parallel on float weights of ``dtype`` (see the
     module's text for when it starts); the helper's process, or None."""
-    if os.environ.get("TBLOCK_COMPILE_AHEAD", "1") == "0" or CACHE_PATH is None or usable_cores() < 2:
-        return None
     key = (np.dtype(dtype).char, scalars, few)
+    if key in _started:             # every later call of the signature: no more than this
+        return None
     with _lock:
         if key in _started:
             return None
         _started.add(key)
+    if os.environ.get("TBLOCK_COMPILE_AHEAD", "1") == "0" or CACHE_PATH is None or usable_cores() < 2:
+        return None
     try:
         if holds(output_stages_task, output_signature(dtype, scalars, few)):
             return None
