@@ -47,9 +47,10 @@ A block call (stages, block):
                              rms RMSNorm for LayerNorm, gated the gated FFN ([gate | up]
                              panels, layout.ffn_cols), rope_theta > 0 rotary positions
                              with positions divided by rope_scale.  gated and rope_theta
-                             are None for a block without that part (rms: None or True):
-                             Dims is then of another type, its build another, and that
-                             build compiles none of the part's kernels (present)
+                             are None for a block without that part (rms stays a
+                             runtime bool; None where no norm runs): Dims is then of
+                             another type, its build another, and that build compiles
+                             none of the part's kernels (with_part)
     Grid(nthr, mc, groups)   threads, and how a GEMM stage splits (layout.stage_grid)
     Cache(K, V, past, max_T, seqs)   the keys and values attention reads: packed K^T
                              and V for max_T tokens a head, past of them there before
