@@ -33,11 +33,13 @@ def micro_tile_vectors(path: VectorPath) -> int:
 
 
 def k_block(vector_bytes: int, nv: int, l1d: int) -> int:
-    """KC: the largest power of two in 64..256 whose KC x NR slice of a B panel takes at
-    most two thirds of the L1 (l1d bytes), so it stays there while the row tiles pass
-    over it; FF_CHUNK must stay a multiple of it."""
+    """KC: the largest power of two in 64..256 whose KC x NR slice of a B panel fits in
+    the L1 (l1d bytes).  Each k block costs a store and a reload of the C tile, and the
+    row tiles after the first find the slice in L1 or L2, either of which feeds the
+    micro-kernel's row of B a k step faster than its FMAs use it (128 beat 64 in a 32 KiB
+    L1: docs/perf-log.md); FF_CHUNK must stay a multiple of it."""
     kc = 64
-    while kc < 256 and 2 * kc * nv * vector_bytes <= l1d * 2 // 3:
+    while kc < 256 and 2 * kc * nv * vector_bytes <= l1d:
         kc *= 2
     return kc
 
