@@ -54,6 +54,19 @@ def rng():
     return np.random.default_rng(20261129)
 
 
+def near_an_int8_tie(X) -> bool:
+    """Whether an input of X (..., d) lies so near a tie of dot "int8"'s rounding (blocks of
+    32, step max|x| / 127: tblock.formats.round_inputs) that float32's last bits, where the
+    oracle has float64's, can round it the other way: within 5e-7 |x / step| of a half
+    step (a few float32 ulps of x and of the block's maximum).  Such a flip in the rows
+    the QKV projection reads moves every later row through attention, past a bound meant
+    for float32's rounding alone."""
+    x = np.asarray(X, np.float64).reshape(-1, tblock.formats.QBLOCK)
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    s = x * (127 / np.where(amax > 0, amax, 1))
+    return bool((np.abs(np.abs(s - np.floor(s)) - 0.5) <= 5e-7 * np.abs(s) + 1e-7).any())
+
+
 def rel_err(got, want) -> float:
     """max |got - want| / max |want| (the absolute error where want is all zeros)."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)

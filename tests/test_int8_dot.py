@@ -16,6 +16,7 @@ integers on each.
 
 import numpy as np
 import pytest
+from conftest import near_an_int8_tie
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numba import njit
@@ -215,15 +216,16 @@ def test_start_offsets_are_the_paths():
 # ----------------------------------------------------------------------------- the block
 
 
-def near_the_oracle(got, want):
+def near_the_oracle(got, want, tie=False):
     """The block's bound with inputs rounded to int8 blocks: numba's float32 LayerNorm and
     attention differ from the oracle's float64 in the last bits, so an input that lies at
     a rounding tie may round one step (d) the other way there; most outputs still agree
-    to float32's accuracy, and every one within a few such steps."""
+    to float32's accuracy (unless such an input is in a row the QKV projection reads:
+    tie, conftest.near_an_int8_tie), and every one within a few such steps."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = np.abs(want).max()
     err = np.abs(got - want) / scale
-    return np.median(err) < 2e-6 and err.max() < 5e-2
+    return (tie or np.median(err) < 2e-6) and err.max() < 5e-2
 
 
 @settings(max_examples=20, deadline=None)
@@ -236,9 +238,10 @@ def test_block_with_int8_dot_matches_the_oracle(fmt, d, heads, B, T, pre, seed):
                              ffn_bias=True, attn_bias=True, ln_affine=True)
     w = tblock.quantize(random_weights(cfg, rng), fmt, dot="int8")
     H = rng.standard_normal((B, T, d)).astype(np.float32)
-    want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
-    assert near_the_oracle(tblock.forward(H, w, cfg), want)
-    assert near_the_oracle(tblock.forward(np.asfortranarray(H[0]), w, cfg), want[0])
+    want, trace = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy", trace=True)
+    tie = pre and near_an_int8_tie(trace.H_norm1)       # Post-LN's QKV reads H itself
+    assert near_the_oracle(tblock.forward(H, w, cfg), want, tie)
+    assert near_the_oracle(tblock.forward(np.asfortranarray(H[0]), w, cfg), want[0], tie)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

@@ -7,8 +7,8 @@ counts on both sides of the micro-tile."""
 import numpy as np
 import pytest
 from numba import njit
-from conftest import random_weights, rel_err
-from hypothesis import given, settings
+from conftest import near_an_int8_tie, random_weights, rel_err
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tblock
@@ -42,20 +42,22 @@ def test_groups_cover_every_panel_once(rows, npanels, nthr, per):
         assert g == npanels or g % nthr == 0
 
 
-def near(got, want, dot):
+def near(got, want, dot, tie):
     """The oracle's bound for the dot: float32's (2e-6 of the largest output) where the
     products are exact; with rounded inputs an input at a rounding tie may round one step
-    the other way (tests/test_int8_dot.py's near_the_oracle)."""
+    the other way (tests/test_int8_dot.py's near_the_oracle), and where one of the rows
+    the QKV projection reads does (tie), every later row moves with it."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if dot == "fp32":
         return rel_err(got, want) < 2e-6
     err = np.abs(got - want) / np.abs(want).max()
-    return np.median(err) < 2e-6 and err.max() < 5e-2
+    return (tie or np.median(err) < 2e-6) and err.max() < 5e-2
 
 
 @settings(max_examples=16, deadline=None)
 @given(fd=st.sampled_from(STORED), T=st.sampled_from([5, 7, 40, 100]), B=st.integers(1, 2), nthr=st.integers(2, 5),
        ff=st.sampled_from([5, 7]), llama=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@example(fd=("int8", "int8"), T=40, B=1, nthr=2, ff=5, llama=True, seed=2612)    # LN1 of row 7 at a tie
 def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, seed):
     fmt, dot = fd
     rng = np.random.default_rng(seed)
@@ -71,12 +73,13 @@ def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, s
     w = tblock.init_weights(cfg, seed=int(rng.integers(2**31))) if llama else random_weights(cfg, rng)
     w = tblock.quantize(w, fmt, dot=dot)
     H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
-    want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+    want, trace = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy", trace=True)
+    tie = dot == "int8" and near_an_int8_tie(trace.H_norm1)        # Pre-LN: QKV reads LN1's rows
     _, flat, scalars, *_ = nb.packing.make_plan(w, cfg, H.dtype)
     got, bad = block_parallel(H, flat, scalars, True, nthr)
     serial = np.empty_like(H)
     assert bad == -1 and block_serial(H, flat, serial, scalars, 1) == -1
-    assert near(got, want, dot) and near(serial, want, dot)
+    assert near(got, want, dot, tie) and near(serial, want, dot, tie)
 
 
 def test_stored_panels_is_a_run():
