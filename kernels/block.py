@@ -72,9 +72,9 @@ from .stages import attention_buffers, attention_direct_task, attention_task, at
 from .tasks import (ATTEND, ATTEND_CACHED, ATTEND_DIRECT, CACHE_FIRST, CACHE_NEW, FFN_IN, FFN_DOWN, FFN_ROWS, FFN_UP,
                     HALF, LN1, LN_POST, OUT_PROJ, PLAN_COLS, PLAN_ROWS, QKV, ROPE, attention_stages_task,
                     inline_new_rows, next_task, output_stages_task, plan_stage, qkv_panels)
-from .tiles import BQ, DIRECT_MAX, MC, MF, MR
+from .tiles import BQ, DIRECT_MAX, MC, MF, MR, TASK_PANELS
 from .validate import all_finite_flat
-from .wgemm import as_weights, borrow, floats, task_panels, weights_at
+from .wgemm import as_weights, borrow, floats, weights_at
 
 
 @kernel(parallel=True)
@@ -181,7 +181,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
     n = 0
     # 1. [LN1 +] QKV projection (stage_grid: by rows, and by columns when there are few
     # rows for the threads)
-    mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr, task_panels(Wf))
+    mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr, TASK_PANELS)
     X, ln_in_task = H, dims.pre_ln
     if dims.pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
@@ -237,7 +237,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
         # finished-task counts (wait_for), not a region each, whose start and join cost
         # a visible part of stages this short (docs/perf-log.md); every buffer is set
         # out before the region, which at these sizes adds little to the peak of memory
-        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf), few)
+        out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, few)
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
         output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
         for s in range(PLAN_ROWS):
@@ -270,7 +270,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
     # are freed, which keeps them off the peak of memory at long T
-    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, task_panels(Wf), few)
+    out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, few)
     grid2 = Grid(nthr, mc2, groups2)
     output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
     for s in range(HALF, n2):
@@ -285,7 +285,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
 
 
 @kernel(internal=True, inline="always")
-def output_plan(dims, scratch, rows, pos, nthr, per, few):
+def output_plan(dims, scratch, rows, pos, nthr, few):
     """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
     (out, xn, hid, ldh, mc, groups, mf, the row after its last stage, gu; mc and groups:
     its GEMM stage's split).
@@ -300,7 +300,6 @@ def output_plan(dims, scratch, rows, pos, nthr, per, few):
        buffer on one thread too: the row tiles' hidden chunk is a task's own); else per
        row tile of mf rows, residual and LayerNorms fused (ffn_rows_task).  The gated FFN's
        split stages put each hidden panel's [gate | up] pair in gu (rows, ffn_cols).
-    per: column panels a task of a GEMM stage over all rows takes (wgemm.task_panels).
     few: None when the call takes no path of few rows (_one_block)."""
     plan, work, slot, dest = scratch.plan, scratch.work, scratch.slot, scratch.dest
     d, dff = dims.d, dims.dff
@@ -311,7 +310,7 @@ def output_plan(dims, scratch, rows, pos, nthr, per, few):
         out, _ = take(work, pos + slot * up16(rows * d), rows * d)
     pos += 2 * up16(rows * d)
     npo = panels(d, NR)
-    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr, per)
+    mc, groups, ntasks = stage_grid(rows, npo, MC, nthr, TASK_PANELS)
     n = plan_stage(plan, HALF, OUT_PROJ, ntasks)
     mf = rows_per_task(rows, MF, nthr)
     ldh = dff + 64 // work.itemsize         # a cache line past 4 KiB multiples (ffn_tile)
@@ -320,8 +319,8 @@ def output_plan(dims, scratch, rows, pos, nthr, per, few):
         hid, pos = take(work, pos, rows * ldh)
         gu, pos = take(work, pos, rows * ffn_cols(dff, True, NR) if dims.gated else 0)
         n = plan_stage(plan, n, FFN_IN, nthr)
-        n = plan_stage(plan, n, FFN_UP, panel_groups(rows, panels(dff, NR), nthr, per))
-        n = plan_stage(plan, n, FFN_DOWN, panel_groups(rows, npo, nthr, per))
+        n = plan_stage(plan, n, FFN_UP, panel_groups(rows, panels(dff, NR), nthr, TASK_PANELS))
+        n = plan_stage(plan, n, FFN_DOWN, panel_groups(rows, npo, nthr, TASK_PANELS))
         if not dims.pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:

@@ -140,7 +140,7 @@ def rows_per_task(rows, cap, nthr):
 @kernel(internal=True)
 def panel_groups(rows, npanels, nthr, per):
     """Tasks of a stage whose every task takes all ``rows`` rows: one per column panel, or
-    with per > 1 (wgemm.task_panels) runs of about per panels, a multiple of nthr of them so
+    with per > 1 (tiles.TASK_PANELS) runs of about per panels, a multiple of nthr of them so
     that the threads end together; one panel a task for a row tile (a decode step streams
     the weights, each thread a run of neighbouring panels: tasks.next_task)."""
     if per <= 1 or rows <= MR:

@@ -24,8 +24,8 @@ from .records import Cache, with_part
 from .rotary import rotate_kt, rotate_rows
 from .simd import panel_lanes
 from .stages import attention_direct_task, attention_task, layernorm_piece, out_proj_task, qkv_task
-from .tiles import BQ
-from .wgemm import floats, task_panels
+from .tiles import BQ, TASK_PANELS
+from .wgemm import floats
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
@@ -187,7 +187,7 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs, few):
     elif stage == FFN_UP or stage == FFN_DOWN:
         # task t: the t-th of the stage's runs of panels (layout.panel_groups)
         npn = panels(dims.dff if stage == FFN_UP else d, NR)
-        g = panel_groups(rows, npn, grid.nthr, task_panels(Wf))
+        g = panel_groups(rows, npn, grid.nthr, TASK_PANELS)
         if stage == FFN_UP:
             ffn_up_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
         else:

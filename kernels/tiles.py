@@ -52,9 +52,10 @@ KC = k_block(PATH.vector_bytes, NV, PATH.l1d)
 KC_ONE = 256    # k block with one row tile (a GEMV: a decode step, the vocabulary head), a
                 # multiple of KC on every path: no row tile comes back for a slice, and each
                 # k block costs a store and a reload of C
-STORED_PANELS = 3   # column panels a task takes, with all rows in every task, on stored weights
-                    # (wgemm.task_panels): such a task first rounds its rows (bf16 pairs,
-                    # int8 blocks) or unpacks its panels, once for all of its panels
+TASK_PANELS = 3     # column panels a task takes, with all rows in every task (layout.panel_groups):
+                    # a task's first slice of B comes from L3 unprefetched, and on stored
+                    # weights a task first rounds its rows (bf16 pairs, int8 blocks) or
+                    # unpacks its panels, once for all of its panels
 MC = 192        # rows per QKV / W_O task at most (rows_per_task balances them): each task
                 # streams all of W_qkv or W_o, so more rows read them less often, while the
                 # task's A block still fits L2

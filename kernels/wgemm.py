@@ -6,7 +6,6 @@ stored format (tblock.formats, read by kernels.qgemv).  The stages never look in
 
     as_weights(W)             an entry point's argument (an array, or (f, q, map, dot)) as one
     floats(W)                 the float vectors' array (the flat array itself, or W.f)
-    task_panels(W)            column panels a GEMM task over all of a stage's rows takes
     borrow(W)                 options.borrowed views of W's arrays
     as_head, embed_row        a language model's tied embedding, float or stored
     wgemm_block, wgemm_panels gemm.gemm_block / gemm_panels, for a matrix of W given as
@@ -47,7 +46,6 @@ from .qdot import KIND, gemv_int8, rounded_rows
 from .qgemv import row_dot, unpack_row
 from .records import Panels, Rows, Stored, Tile
 from .simd import panel_lanes
-from .tiles import STORED_PANELS
 
 
 INTEGER_GEMM = KIND == "vnni"     # elsewhere the widened float GEMM is faster (docs/perf-log.md)
@@ -67,21 +65,6 @@ def _floats(W):
         return lambda W: W
     if _is_stored(W):
         return lambda W: W.f
-    return None
-
-
-def task_panels(W):
-    """Column panels a GEMM task over all of a stage's rows takes (layout.panel_groups):
-    one for float weights; tiles.STORED_PANELS for stored ones, whose tasks prepare their
-    rows or panels first (rounded, unpacked), once for all of the task's panels."""
-
-
-@overload(task_panels)
-def _task_panels(W):
-    if isinstance(W, types.Array):
-        return lambda W: 1
-    if _is_stored(W):
-        return lambda W: STORED_PANELS
     return None
 
 

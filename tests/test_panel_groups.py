@@ -1,6 +1,6 @@
-"""Runs of column panels a task (layout.panel_groups): on stored weights, with every task of
-a stage holding all the rows, a task takes about tiles.STORED_PANELS panels and prepares its
-rows once for all of them.  Every panel must be some task's, once; the block must give the
+"""Runs of column panels a task (layout.panel_groups): with every task of a stage holding all
+the rows, a task takes about tiles.TASK_PANELS panels (on stored weights preparing its rows
+once for all of them).  Every panel must be some task's, once; the block must give the
 oracle's results at panel counts that do not divide, thread counts of 2 to 5 and row
 counts on both sides of the micro-tile."""
 
@@ -15,7 +15,7 @@ import tblock
 from tblock.backends import numba as nb
 from tblock.kernels.block import block_parallel, block_serial
 from tblock.kernels.layout import panel_groups
-from tblock.kernels.tiles import MR, STORED_PANELS
+from tblock.kernels.tiles import MR, TASK_PANELS
 
 pytestmark = pytest.mark.isa
 
@@ -25,7 +25,7 @@ def groups_of(rows, npanels, nthr, per):
     return panel_groups(rows, npanels, nthr, per)         # an internal kernel: called from compiled code
 
 
-STORED = (("bf16", "fp32"), ("bf16", "bf16"), ("int8", "fp32"), ("int8", "int8"), ("int4", "int8"))
+FORMATS = (("float", "fp32"), ("bf16", "fp32"), ("bf16", "bf16"), ("int8", "fp32"), ("int8", "int8"), ("int4", "int8"))
 
 
 @settings(deadline=None)
@@ -36,7 +36,7 @@ def test_groups_cover_every_panel_once(rows, npanels, nthr, per):
     assert [p for p0, p1 in runs for p in range(p0, p1)] == list(range(npanels))
     assert all(p1 > p0 for p0, p1 in runs)
     if per == 1 or rows <= MR:
-        assert g == npanels                 # float weights, a decode step: a panel a task
+        assert g == npanels                 # a decode step: a panel a task
     else:
         assert max(p1 - p0 for p0, p1 in runs) <= per + 1
         assert g == npanels or g % nthr == 0
@@ -55,14 +55,14 @@ def near(got, want, dot, tie):
 
 
 @settings(max_examples=16, deadline=None)
-@given(fd=st.sampled_from(STORED), T=st.sampled_from([5, 7, 40, 100]), B=st.integers(1, 2), nthr=st.integers(2, 5),
+@given(fd=st.sampled_from(FORMATS), T=st.sampled_from([5, 7, 40, 100]), B=st.integers(1, 2), nthr=st.integers(2, 5),
        ff=st.sampled_from([5, 7]), llama=st.booleans(), seed=st.integers(0, 2**32 - 1))
 @example(fd=("int8", "int8"), T=40, B=1, nthr=2, ff=5, llama=True, seed=2612)    # LN1 of row 7 at a tie
 def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, seed):
     fmt, dot = fd
     rng = np.random.default_rng(seed)
     # d_model 192: W_q, W_k, W_v of 3 panels each on avx512 (12 on avx2); d_ff 64 x 5 or 7:
-    # panel counts that STORED_PANELS and the thread counts do not divide.  llama: the gated
+    # panel counts that TASK_PANELS and the thread counts do not divide.  llama: the gated
     # FFN's [gate | up] panel pairs, grouped-query attention, rotary positions, RMSNorm
     if llama:
         cfg = tblock.BlockConfig(d_model=192, n_heads=6, n_kv_heads=2, d_ff=64 * ff, norm_type="rmsnorm",
@@ -71,7 +71,8 @@ def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, s
         cfg = tblock.BlockConfig(d_model=192, n_heads=3, d_ff=64 * ff, ffn_bias=True, attn_bias=True,
                                  ln_affine=True)
     w = tblock.init_weights(cfg, seed=int(rng.integers(2**31))) if llama else random_weights(cfg, rng)
-    w = tblock.quantize(w, fmt, dot=dot)
+    if fmt != "float":
+        w = tblock.quantize(w, fmt, dot=dot)
     H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
     want, trace = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy", trace=True)
     tie = dot == "int8" and near_an_int8_tie(trace.H_norm1)        # Pre-LN: QKV reads LN1's rows
@@ -82,5 +83,5 @@ def test_block_on_runs_of_panels_matches_the_oracle(fd, T, B, nthr, ff, llama, s
     assert near(got, want, dot, tie) and near(serial, want, dot, tie)
 
 
-def test_stored_panels_is_a_run():
-    assert STORED_PANELS > 1        # else the runs above are single panels and test nothing new
+def test_task_panels_is_a_run():
+    assert TASK_PANELS > 1        # else the runs above are single panels and test nothing new
