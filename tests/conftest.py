@@ -12,6 +12,17 @@ import tblock
 # turns it on
 os.environ.setdefault("TBLOCK_COMPILE_AHEAD", "0")
 
+# module fixtures that run a whole `tblock report` (seconds each): their tests are slow,
+# out of `make test-fast`'s inner loop
+REPORT_FIXTURES = {"tiny_report", "tiny", "llama_run"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if REPORT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # the programs tests run in child processes: tests/procs/<name>.py, run by path
 PROCS = Path(__file__).resolve().parent / "procs"
 

@@ -13,6 +13,7 @@ TINY = ["--d-model", "16", "--n-heads", "2", "--T-list", "4", "--backends", "num
         "--target-time", "0", "--ceiling-sizes", "32", "--no-plots", "--peers", "none"]
 
 
+@pytest.mark.slow     # a whole report run
 def test_more_threads_than_the_cores_are_refused(tmp_path, capsys):
     """Issue #31: --threads above the cores was accepted; numba capped it silently at its
     pool and the BLAS took it as given, so the report timed two different counts."""

@@ -63,6 +63,7 @@ def test_report_into_a_mount_point(tmp_path):
     assert [e.name for e in tmp_path.iterdir()] == ["mnt"]  # nothing left beside it
 
 
+@pytest.mark.slow     # a whole report run
 def test_the_report_folder_itself_is_never_renamed_or_removed(tmp_path, capsys, monkeypatch):
     """The same without a mount: renaming or removing the --out folder itself fails, as on
     a mount point (EBUSY); the report is written anyway, twice."""
@@ -117,6 +118,7 @@ def test_the_working_directory_with_other_files_needs_force(tmp_path):
     assert (here / "notes.txt").read_text() == "precious"
 
 
+@pytest.mark.slow     # a whole report run
 def test_force_replaces_a_symlink_never_what_it_points_to(tmp_path, capsys):
     outside = tmp_path / "mine.md"
     outside.write_text("the user's own notes")
@@ -172,6 +174,7 @@ def test_export_replaces_an_earlier_export_and_force_replaces_the_users(tmp_path
 
 # ---- lesson --out ----------------------------------------------------------------------
 
+@pytest.mark.slow     # a whole lesson run, its figures drawn
 def test_lesson_never_overwrites_a_users_figure(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="without matplotlib the lesson writes no figures")
     figs = tmp_path / "figs"

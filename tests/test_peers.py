@@ -164,6 +164,7 @@ def test_report_lists_the_peers(tmp_path, capsys):
     assert "whole block against its peers" in out and "numba / fastest peer" in md
 
 
+@pytest.mark.slow     # a whole report run
 def test_report_without_peers(tmp_path):
     argv = ["report", "--d-model", "16", "--n-heads", "2", "-T", "4", "--repeats", "1", "--target-time", "0",
             "--ceiling-sizes", "32", "--backends", "numpy", "--no-plots", "--peers", "none", "--out", str(tmp_path)]

@@ -422,6 +422,7 @@ def test_without_matplotlib_the_report_says_so_and_skips_the_plots(tiny_report, 
     assert json.loads((out / "report.json").read_text())["plots"]["files"] == []
 
 
+@pytest.mark.slow     # a whole report run
 def test_a_failing_component_is_reported_not_fatal(monkeypatch, tmp_path, capsys):
     real = components.prepare
 
