@@ -78,6 +78,17 @@ def near_an_int8_tie(X) -> bool:
     return bool((np.abs(np.abs(s - np.floor(s)) - 0.5) <= 5e-7 * np.abs(s) + 1e-7).any())
 
 
+def near_the_rounded_oracle(got, want, tie=False) -> bool:
+    """The block's bound with inputs rounded (dot "int8" or "bf16"): numba's float32
+    LayerNorm and attention differ from the oracle's float64 in the last bits, so an input
+    that lies at a rounding tie may round one step the other way there; most outputs still
+    agree to float32's accuracy (unless such an input is in a row the QKV projection reads:
+    tie, near_an_int8_tie), and every one within a few such steps."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.abs(got - want) / np.abs(want).max()
+    return (tie or np.median(err) < 2e-6) and err.max() < 5e-2
+
+
 def rel_err(got, want) -> float:
     """max |got - want| / max |want| (the absolute error where want is all zeros)."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
