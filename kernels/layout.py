@@ -154,7 +154,7 @@ def stage_grid(rows, npanels, cap, nthr, per):
     splits into tasks: (rows per task, panel groups, number of tasks); task_tile numbers them.
 
     With threads to spare (rows <= cap * nthr: at most one row block a thread), every
-    task takes all the rows and one panel (per of them: panel_groups): each weight is then
+    task takes all the rows and a run of about per panels (panel_groups): each weight is then
     streamed by one thread only, and the many equal tasks balance the cores, where row
     blocks rounded to the micro-tile left one thread up to a tile-row behind (d_model=384,
     T=64: 64 rows in tasks of 36 and 28).  Otherwise row blocks of at most ``cap`` rows, a multiple of
