@@ -13,7 +13,8 @@ over rows and the broadcast over a column's weights:
         lane each) by a block's 8 quads of inputs, 4 bytes a lane (pack_rows; RW = the
         path's int32 lanes, rows past the tile padded with q_a = 0 and d_a = 0)
     W   read in place: four signed bytes of one column (Q8_0 as stored; Q4_0 nibbles first
-        turned into q_w = nibble - 8 by prepare_columns), broadcast to every lane
+        turned into q_w = nibble - 8 by prepare_columns, and rows in groups of 16 back into
+        q_w by qgroups.group_columns), broadcast to every lane
 
 so S' = sum (q_a + 128) q_w = S + 128 sum_t q_w, and each lane starts its block at
 -128 sum_t q_w[j, b, t] (prepare_columns' corr) to end it at S exactly.  A block's S is
@@ -33,8 +34,9 @@ from numba.extending import intrinsic, overload
 
 from .isa import PATH
 from .options import borrowed, keep_alive, kernel
-from .qdot import KIND, QBLOCK, block_size, round_blocks
-from .qlanes import c_array, call_fn, ptr_to
+from .qdot import QBLOCK, block_size, round_blocks
+from .qgroups import group_columns
+from .qlanes import c_array, call_fn, dpbusd, float_zeros, ptr_to
 from .simd import Vec, elem_ptr, ir_splat
 from .widen import half_load
 
@@ -49,18 +51,6 @@ _i8, _i32 = ir.IntType(8), ir.IntType(32)
 _v = ir.VectorType
 _FMA = "fma" if PATH.fma else "fmuladd"
 _OFFSET = np.int32(-2139062144)     # 0x80808080: q_a + 128 in each byte of a quad
-
-
-def _dpbusd(builder, acc, a, w):
-    """acc + lane l: sum_{m < 4} u8(a[4l + m]) * s8(w[4l + m]) (a, w: <4 RW x i8>)."""
-    if KIND == "vnni" and RW in (8, 16):
-        name = f"llvm.x86.avx512.vpdpbusd.{32 * RW}"
-        return call_fn(builder, name, acc.type, [acc, a, w])
-    wide = _v(_i32, 4 * RW)
-    prod = builder.mul(builder.zext(a, wide), builder.sext(w, wide))
-    parts = [builder.shuffle_vector(prod, prod, ir.Constant(_v(_i32, RW), list(range(m, 4 * RW, 4))))
-             for m in range(4)]
-    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
 @intrinsic
@@ -85,7 +75,7 @@ def dot_step(typingctx, acc, a, Wb, o):
         accv, av, Wa, o_ = args
         quad = builder.load(ptr_to(context, builder, sig.args[2], Wa, o_, _i32), align=1)
         w = builder.bitcast(ir_splat(builder, quad, _v(_i32, RW)), _v(_i8, 4 * RW))
-        return _dpbusd(builder, accv, av, w)
+        return dpbusd(builder, accv, av, w)
     return _I32(acc, a, Wb, types.intp), codegen
 
 
@@ -116,12 +106,7 @@ def scale_add(typingctx, acc, S, Da, i, dw):
     return _F32(acc, S, Da, types.intp, types.float32), codegen
 
 
-@intrinsic
-def zeros(typingctx):
-    """An RW-lane float32 accumulator of zeros."""
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_v(ir.FloatType(), RW), None)
-    return _F32(), codegen
+zeros = float_zeros(RW)
 
 
 @intrinsic
@@ -201,17 +186,37 @@ def prepare_columns(Wq, band, Wu, dw, corr):
             corr[jj * nb + b] = -128 * block_weights(Wq, p, Wu, jj * k + b * QBLOCK)
 
 
-def weight_bytes(Wq, Wu):
-    """The signed bytes a micro-tile broadcasts: Q8_0 rows (Wq int8) in place, else Wu."""
+def in_place(Wq, dot):
+    """Whether a micro-tile reads Wq's bytes in place: Q8_0 rows (Wq int8, dot int8), not
+    Q4_0's nibbles nor grouped rows (dot qgroups.GROUPED_DOT), which prepare unpacks."""
+
+
+@overload(in_place, inline="always")
+def _in_place(Wq, dot):
+    yes = c_array(Wq, types.int8) and dot.dtype == types.int8
+    return lambda Wq, dot: yes
+
+
+def weight_bytes(Wq, Wu, dot):
+    """The signed bytes a micro-tile broadcasts: Wq in place (in_place), else Wu."""
 
 
 @overload(weight_bytes, inline="always")
-def _weight_bytes(Wq, Wu):
-    if c_array(Wq, types.int8):
-        return lambda Wq, Wu: Wq
-    if c_array(Wq, types.uint8):
-        return lambda Wq, Wu: Wu
-    return None
+def _weight_bytes(Wq, Wu, dot):
+    if c_array(Wq, types.int8) and dot.dtype == types.int8:
+        return lambda Wq, Wu, dot: Wq
+    return lambda Wq, Wu, dot: Wu
+
+
+def prepare(Wq, band, Wu, dw, corr, dot):
+    """prepare_columns for stored rows, qgroups.group_columns for grouped ones."""
+
+
+@overload(prepare, inline="always")
+def _prepare(Wq, band, Wu, dw, corr, dot):
+    if dot.dtype == types.int16:
+        return lambda Wq, band, Wu, dw, corr, dot: group_columns(Wq, band, Wu, dw, corr)
+    return lambda Wq, band, Wu, dw, corr, dot: prepare_columns(Wq, band, Wu, dw, corr)
 
 
 # ----------------------------------------------------------------------------- tiles
@@ -268,10 +273,11 @@ def store_column(v, C, c, i, nr, j, bias, accumulate):
 
 
 @kernel(readonly=("A", "Wq", "bias"), internal=True)
-def igemm(A, a, Wq, band, rows, bias, C, c, accumulate):
+def igemm(A, a, Wq, band, rows, bias, C, c, accumulate, dot):
     """C[i, c.off-relative j] (+)= [bias[j] +] round(A row i) . inputs k0 : k0 + k of stored
     row j of Wq, for i0 <= i < i1 (rows) and j0 <= j < j1 (band = (d_in, k0, k, j0, j1), k0
-    and k multiples of 32); a, c: the Rows of A and C (module docstring)."""
+    and k multiples of 32); a, c: the Rows of A and C (module docstring); dot: records.Stored's
+    (qgemv.DOTS["int8"]: Wq holds rows; qgroups.GROUPED_DOT: groups of rows)."""
     d_in, k0, k, j0, j1 = band
     i0, i1 = rows
     m, n, nb = i1 - i0, j1 - j0, k // QBLOCK
@@ -280,20 +286,20 @@ def igemm(A, a, Wq, band, rows, bias, C, c, accumulate):
     Da = np.empty(ng * nb * RW, dtype=np.float32)
     pack_rows(A, a.off + i0 * a.ld, a.ld, m, k, Ap, Da)
     size = block_size(Wq)
-    q8 = size == 34
+    inplace = in_place(Wq, dot)
     jn = min(JB, n)
     dw, corr = np.empty(jn * nb, dtype=np.float32), np.empty(jn * nb, dtype=np.int32)
-    Wu = np.empty(0 if q8 else jn * k, dtype=np.int8)
-    Wb = weight_bytes(Wq, Wu)
+    Wu = np.empty(0 if inplace else jn * k, dtype=np.int8)
+    Wb = weight_bytes(Wq, Wu, dot)
     row = d_in // QBLOCK * size
     o = k0 // QBLOCK * size
-    wblk = (size, 2) if q8 else (QBLOCK, 0)
+    wblk = (size, 2) if inplace else (QBLOCK, 0)
     P, D, W, dwb, cb = borrowed(Ap), borrowed(Da), borrowed(Wb), borrowed(dw), borrowed(corr)
     for jb in range(0, n, JB):
         je = min(jb + JB, n)
         # the chunk's scales and sums just before its tiles: its bytes are read from memory once
-        prepare_columns(Wq, (d_in, k0, k, j0 + jb, j0 + je), Wu, dw, corr)
-        where = (q8, j0, row, o, k, nb, jb, je)
+        prepare(Wq, (d_in, k0, k, j0 + jb, j0 + je), Wu, dw, corr, dot)
+        where = (inplace, j0, row, o, k, nb, jb, je)
         for g in range(0, ng, 2):
             two = g + 1 < ng                # else one group by 8 columns
             gb = g + 1 if two else g
@@ -312,9 +318,9 @@ def column(j, where):
     """(where column j's bytes start in micro_tile's Wb, its first scale) while columns jb:je
     are prepared: Q8_0 rows in place, else the unpacked rows; columns past je repeat je - 1
     (never stored)."""
-    q8, j0, row, o, k, nb, jb, je = where
+    inplace, j0, row, o, k, nb, jb, je = where
     jj = min(j, je - 1)
-    return ((j0 + jj) * row + o if q8 else (jj - jb) * k, (jj - jb) * nb)
+    return ((j0 + jj) * row + o if inplace else (jj - jb) * k, (jj - jb) * nb)
 
 
 @kernel(internal=True, inline="always")

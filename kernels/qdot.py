@@ -37,7 +37,8 @@ from numba.extending import intrinsic, overload
 
 from .isa import PATH
 from .options import borrowed, keep_alive, kernel
-from .qlanes import KIND, LANES, Q4_BYTES, Q8_BYTES, QBLOCK, pair_lanes, pair_scale, pair_sums, weight_offset
+from .qlanes import KIND, LANES, Q4_BYTES, Q8_BYTES, QBLOCK, float_zeros, pair_lanes, pair_scale, pair_sums
+from .qlanes import weight_offset
 from .qlanes import c_array as _c_array, call_fn as _call, ptr_to as _ptr, quads as _quads, vconst as _const
 from .simd import Vec, elem_ptr, ir_splat
 from .widen import emit_half
@@ -128,6 +129,16 @@ _stack_d = _stack_pointer(types.float32, QCH // QBLOCK)
 def stack_scratch():
     """Room on the caller's stack for QCH rounded inputs (round_blocks' qs, ps, ds)."""
     return carray(_stack_q(), QCH), carray(_stack_p(), QCH // QBLOCK * LANES), carray(_stack_d(), QCH // QBLOCK)
+
+
+@kernel(internal=True, inline="always")
+def row_scratch(k):
+    """round_blocks' qs, ps, ds for a row of k inputs: stack_scratch, or for a row longer
+    than QCH arrays on the heap."""
+    if k <= QCH:
+        return stack_scratch()
+    nb = k // QBLOCK
+    return np.empty(k, np.int8), np.empty(nb * LANES, np.int32), np.empty(nb, np.float32)
 
 
 # ----------------------------------------------------------------------------- lanes
@@ -262,12 +273,7 @@ def prefetch(typingctx, W, i):
     return types.void(W, types.intp), codegen
 
 
-@intrinsic
-def zeros8(typingctx):
-    """An 8-lane float32 accumulator of zeros."""
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_v(ir.FloatType(), LANES), None)
-    return _F32x8(), codegen
+zeros8 = float_zeros(LANES)
 
 
 @intrinsic
@@ -455,10 +461,7 @@ def gemv_int8(x, x_off, Wq, band, bias, y, y_off, accumulate):
     one a row."""
     d_in, k0, k, j0, j1 = band
     nb = k // QBLOCK
-    if k <= QCH:
-        qs, ps, ds = stack_scratch()
-    else:
-        qs, ps, ds = np.empty(k, np.int8), np.empty(nb * LANES, np.int32), np.empty(nb, np.float32)
+    qs, ps, ds = row_scratch(k)
     round_blocks(x, x_off, nb, qs, ps, ds, start_offset(Wq))
     size = block_size(Wq)
     row = d_in // QBLOCK * size

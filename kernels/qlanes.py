@@ -74,6 +74,42 @@ def quads(builder, v32):
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
+def float_zeros(n: int):
+    """An intrinsic of no arguments returning n float32 zeros (an accumulator's start)."""
+    def impl(typingctx):
+        def codegen(context, builder, sig, args):
+            return ir.Constant(_v(ir.FloatType(), n), None)
+        return Vec(types.float32, n)(), codegen
+    impl.__name__ = impl.__qualname__ = f"zeros{n}"
+    return intrinsic(impl)
+
+
+def dpbusd(builder, acc, u, s):
+    """acc + lane l: sum_{m < 4} u8(u[4l + m]) * s8(s[4l + m]), for any number n of int32
+    lanes (acc: <n x i32>; u, s: <4n x i8>): vpdpbusd where the CPU has VNNI, on the
+    widest vectors it has (pieces of 16 or 8 lanes), else the products widened in IR."""
+    n = acc.type.count
+    if KIND != "vnni":
+        wide = _v(_i32, 4 * n)
+        prod = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+        parts = [builder.shuffle_vector(prod, prod, vconst(_v(_i32, n), range(m, 4 * n, 4))) for m in range(4)]
+        return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+    piece = min(n, PATH.vector_bytes // 4)
+    if piece == n:
+        return call_fn(builder, f"llvm.x86.avx512.vpdpbusd.{32 * n}", acc.type, [acc, u, s])
+    out = []
+    for h in range(0, n, piece):
+        def part(v, k):
+            return builder.shuffle_vector(v, v, vconst(_v(_i32, k * piece), range(k * h, k * (h + piece))))
+        out.append(call_fn(builder, f"llvm.x86.avx512.vpdpbusd.{32 * piece}", _v(_i32, piece),
+                           [part(acc, 1), part(u, 4), part(s, 4)]))
+    while len(out) > 1:
+        out = [builder.shuffle_vector(out[i], out[i + 1], vconst(_v(_i32, 2 * out[i].type.count),
+                                                                 range(2 * out[i].type.count)))
+               for i in range(0, len(out), 2)]
+    return out[0]
+
+
 # ----------------------------------------------------------------------------- pairs of Q4_0 rows
 
 
