@@ -17,7 +17,9 @@ compiles none of this module's stored paths, and each stored format (and dot: St
 dtype) only its own.
 
 A stored matrix times one row (a decode step) reads each stored row once
-(qgemv.row_dot; with dot "int8", qdot.gemv_int8 on the row rounded once); times many
+(qgemv.row_dot; with dot "int8", qdot.gemv_int8 on the row rounded once, or where the CPU
+has VNNI qgroups.gemv_groups: the block's matrices are then held in groups of 16 rows,
+Stored.dot int16, qgroups.GROUPED_DOT); times many
 rows with dot "int8" on a CPU with VNNI, igemm multiplies the rounded rows by the stored
 bytes in int32 (stored_igemm); otherwise the task's panels are first unpacked into
 float32 panels in a scratch of its own (qgemv.unpack_row, k x NR per panel: L2-sized) and
@@ -44,6 +46,7 @@ from .options import borrowed, borrowed_at, kernel
 from .igemm import igemm
 from .qdot import KIND, gemv_int8, rounded_rows
 from .qgemv import row_dot, unpack_row
+from .qgroups import gemv_groups, group_row, grouped, grouped_size
 from .records import Panels, Rows, Stored, Tile
 from .simd import panel_lanes
 
@@ -125,7 +128,7 @@ def _weights_gemm(float_gemm):
         if _is_stored(W) and W[1].dtype == types.uint32:
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_bgemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
-        if _is_stored(W) and W[3].dtype == types.int8 and INTEGER_GEMM:
+        if _is_stored(W) and (W[3].dtype == types.int16 or W[3].dtype == types.int8 and INTEGER_GEMM):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_igemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W):
@@ -177,6 +180,8 @@ def _embed_row(E, v, d, out, o):
         return rows
     if isinstance(E, types.Array) and _is_stored_rows(E):
         return lambda E, v, d, out, o: unpack_row(E, v, d, 0, d, out, o, 1)
+    if _is_stored_rows(E) and E[1].dtype == types.int16:       # rows in groups (qgroups)
+        return lambda E, v, d, out, o: group_row(E[0], v, d, out, o)
     if _is_stored_rows(E):              # the embedding is the stored value, whatever the dot
         return lambda E, v, d, out, o: unpack_row(E[0], v, d, 0, d, out, o, 1)
     return None
@@ -205,6 +210,9 @@ def row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
 def _row_products(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
     if dot.dtype == types.int8:
         return lambda A, a_off, Wq, dot, band, bias, C, c_off, accumulate: gemv_int8(
+            A, a_off, Wq, band, bias, C, c_off, accumulate)
+    if dot.dtype == types.int16:
+        return lambda A, a_off, Wq, dot, band, bias, C, c_off, accumulate: gemv_groups(
             A, a_off, Wq, band, bias, C, c_off, accumulate)
 
     def rows(A, a_off, Wq, dot, band, bias, C, c_off, accumulate):
@@ -286,7 +294,7 @@ def stored_igemm(A, a, W, b, C, c, tile, accumulate, bias_off):
     if i1 - i0 == 1:
         row_products(A, a.off + i0 * a.ld, W.q[q0:], W.dot, band, bias, C, c.off + i0 * c.ld, accumulate)
     else:
-        igemm(A, a, W.q[q0:], band, (i0, i1), bias, C, c, accumulate)
+        igemm(A, a, W.q[q0:], band, (i0, i1), bias, C, c, accumulate, W.dot)
 
 
 @kernel(readonly=("A",), internal=True)
@@ -316,7 +324,10 @@ def stored_map(d: int, dkv: int, n1: int, dff: int, NR: int, fmt: str, layout, d
     qoff, pos = [], 0
     for d_in, d_out in shapes:
         qoff.append(pos)
-        pos += bf16_packed_size(d_in, d_out) if dot == "bf16" else d_out * stored_row(fmt, d_in)
+        if dot == "bf16":
+            pos += bf16_packed_size(d_in, d_out)
+        else:
+            pos += grouped_size(fmt, d_in, d_out) if grouped(dot) else d_out * stored_row(fmt, d_in)
     return np.array(moff + qoff, dtype=np.intp)
 
 

@@ -18,6 +18,7 @@ from ...kernels.bgemm import bf16_packed_size, pack_bf16_panels
 from ...kernels.gemm import pack_b, packed_size, panel_width
 from ...kernels.layout import ffn_cols, qkv_parts, weight_layout
 from ...kernels.qgemv import DOTS
+from ...kernels.qgroups import GROUPED_DOT, group_rows, grouped
 from ...kernels.wgemm import stored_map
 
 PACKED = "numba-packed"     # the key of the packed buffer in a BlockWeights' prepared_state
@@ -92,7 +93,8 @@ def pack_stored(weights) -> tuple:
     [gate | up] panel pairs of stored rows, zero rows past d_ff), map their offsets
     (wgemm.stored_map), dot the marker of how products are computed (qgemv.DOTS).  With
     dot "bf16", q holds the matrices as bgemm's pair panels (uint32) instead of their
-    stored rows."""
+    stored rows; with dot "int8" on a CPU with VNNI, as rows in groups of 16
+    (kernels.qgroups, marker GROUPED_DOT)."""
     d, dkv, dff, gated = block_shape(weights)
     NR = panel_width(np.float32)
     layout = layout_of(weights, NR)
@@ -103,16 +105,20 @@ def pack_stored(weights) -> tuple:
     first = weights.w_ff1.data if not gated else gate_up_pairs(weights.w_gate.data, weights.w_ff1.data, NR, axis=0)
     rows += [first, weights.w_ff2.data]
     dot = getattr(weights, "dot", "fp32")
-    q = bf16_panels(rows) if dot == "bf16" else stored_rows(rows, weights.format)
+    if dot == "bf16":
+        q = bf16_panels(rows)
+    else:
+        q = stored_rows([group_rows(r, weights.format) for r in rows] if grouped(dot) else rows, weights.format)
     q.flags.writeable = False
     m = stored_map(d, dkv, ffn_cols(dff, gated, NR), dff, NR, weights.format, layout, dot)
     m.flags.writeable = False
-    return f, q, m, DOTS[dot]
+    return f, q, m, GROUPED_DOT if grouped(dot) else DOTS[dot]
 
 
 def stored_rows(rows, fmt: str) -> np.ndarray:
-    """The stored matrices' rows (each QuantizedMatrix.data-like, (d_out, row)) one after
-    another, flat, as qgemv.stored_data gives each (int8 as int8)."""
+    """The stored matrices' rows (each QuantizedMatrix.data-like, (d_out, row), or
+    qgroups.group_rows' bytes) one after another, flat, as qgemv.stored_data gives each
+    (int8 as int8)."""
     views = [r.reshape(-1) for r in rows]
     q = aligned_empty(sum(v.size for v in views), views[0].dtype)
     q[:] = np.concatenate(views)
