@@ -1,23 +1,23 @@
 """Stored rows in groups of 16: one row times a Q8_0 or Q4_0 matrix at a vector's width.
 
 kernels.qdot multiplies a row by stored rows one block of one row at a time: a block's
-sum lands in 8 lanes that then need a conversion, a scale broadcast and an FMA each, so
-on a core it reads ~10 bytes a cycle, about what memory delivers to it, and the step is
-bound by the instructions, not the bytes.  Here the rows of a matrix are regrouped, 16 to
-a group, so that one vector holds the same 4 bytes of 16 rows:
+sum lands in 8 lanes that then need a conversion, a scale broadcast and an FMA each, so a
+core runs out of instructions about when memory runs out of bytes.  Here the rows of a
+matrix are regrouped, 16 to a group, so that one vector holds the same 4 bytes of 16 rows:
 
     group g (rows 16g .. 16g + 15), block b: one chunk of 16 S bytes (S = 34 for Q8_0,
     18 for Q4_0, so the bytes are the rows' own, moved), at (g nb + b) 16 S:
         [0, 32)            the 16 rows' float16 scales d_w, row r at 2r
         [32, 32 + 16 P)    the rows' P payload bytes (32 int8 q, or Q4_0's 16 bytes of
                            two nibbles), as words: word (t, r) at 32 + 4 (16 t + r) holds
-                           bytes 4t .. 4t + 3 of row r's block
+                           bytes 4t .. 4t + 3 of row r's block, Q8_0's as q + 128
+                           (unsigned: the top bit flipped)
 
-Rows past d_out are padded with zero scales and bytes.  A block of x, rounded as dot
-"int8" rounds it (kernels.qdot.round_blocks), then meets a group in P/4 vpdpbusd: x's
-quad t broadcast to every lane times word t of each row (Q8_0 bytes offset by 128 as
-unsigned, Q4_0 nibbles 0..15: the low ones meet x's quad t, the high ones quad t + 4), each
-lane of the int32 result one row's whole block sum S plus -offset * sum(q_x), which the
+Rows past d_out are padded with zero scales and zero weights.  A block of x, rounded as
+dot "int8" rounds it (kernels.qdot.round_blocks), then meets a group in 8 vpdpbusd: x's
+quad t broadcast to every lane times word t of each row (Q8_0's q + 128, Q4_0's nibbles
+0..15: the low ones meet x's quad t, the high ones quad t + 4), each lane of the int32
+result one row's whole block sum S plus offset * sum(q_x) (offset 128 or 8), which the
 block's start cancels.  So per block and group, one conversion, one scale vector (16
 float16 loaded at once) and one FMA for 16 rows, and no horizontal sums:
 
@@ -28,7 +28,7 @@ S_jb is the exact integer qdot's lanes add up to, so y differs from qdot's only 
 float32 order.  The regrouping is a load-time copy (``group_rows``), made where a CPU has
 VNNI (tblock.backends.numba.packing); every path runs this kernel (the products widened in
 LLVM IR where vpdpbusd is missing), so its tests run everywhere.  The check and the rate
-beside the row kernel: bench/bench_qgemv.py --groups.
+beside the row kernels: bench/bench_qgemv.py (its int8/groups and int4/groups rows).
 """
 
 from __future__ import annotations
@@ -163,13 +163,14 @@ def lane_sum(typingctx, a, b, r):
 
 
 @kernel(internal=True)
-def block_starts(ps, nb, starts):
-    """starts[b] = the sum of round_blocks' 8 lanes of block b: -offset * sum of its q_x."""
+def block_starts(ps, nb):
+    """ps[b] = the sum of round_blocks' 8 lanes of block b (ps[8b : 8b + 8]): -offset * sum
+    of its q_x, in place (block b's lanes are read before any later write reaches them)."""
     for b in range(nb):
         s = 0
         for l in range(LANES):
             s += ps[b * LANES + l]
-        starts[b] = s
+        ps[b] = s
 
 
 @kernel(readonly=("x", "Wg", "bias"), internal=True)
@@ -183,9 +184,8 @@ def gemv_groups(x, x_off, Wg, band, bias, y, y_off, accumulate):
     size = block_size(Wg)
     chunk = GROUP * size
     round_blocks(x, x_off, nb, qs, ps, ds, 128 if size == 2 + QBLOCK else 8)
-    starts = np.empty(nb, np.int32)
-    block_starts(ps, nb, starts)
-    W, q, d, st = borrowed(Wg), borrowed(qs), borrowed(ds), borrowed(starts)
+    block_starts(ps, nb)
+    W, q, d, st = borrowed(Wg), borrowed(qs), borrowed(ds), borrowed(ps)
     group = d_in // QBLOCK * chunk
     o = k0 // QBLOCK * chunk
     for g in range(j0 // GROUP, (j1 + GROUP - 1) // GROUP):
@@ -205,7 +205,7 @@ def gemv_groups(x, x_off, Wg, band, bias, y, y_off, accumulate):
             if bias.size:
                 s += bias[j]
             y[y_off + j] = y[y_off + j] + s if accumulate else s
-    keep_alive(qs, ps, ds, starts)
+    keep_alive(qs, ps, ds)
 
 
 @kernel(readonly=("x", "Wg", "bias"), parallel=True)

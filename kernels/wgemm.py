@@ -128,7 +128,7 @@ def _weights_gemm(float_gemm):
         if _is_stored(W) and W[1].dtype == types.uint32:
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_bgemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
-        if _is_stored(W) and (W[3].dtype == types.int16 or W[3].dtype == types.int8 and INTEGER_GEMM):
+        if _is_stored(W) and (W[3].dtype == types.int16 or (W[3].dtype == types.int8 and INTEGER_GEMM)):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_igemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W):

@@ -131,8 +131,9 @@ def test_stored_head_matches_the_reference(fmt, rng):
 def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     """A user of one format and dot compiles none of the others' loops (a first call pays
     only for its own), from an empty Numba cache: int8 and int4 with dot "int8" compile the
-    integer kernels (kernels.qdot, and kernels.igemm for many rows where the CPU has VNNI)
-    and not the widening ones, with dot "fp32" the reverse;
+    integer kernels (kernels.qdot, or where the CPU has VNNI kernels.qgroups on rows in
+    groups and kernels.igemm for many rows) and not the widening ones, with dot "fp32" the
+    reverse;
     bf16 blocks with dot "bf16" compile bgemm (and not stored_gemm), their head (stored
     rows) the rounding of its rows and the widening row dot; bf16 with dot "fp32", no bgemm."""
     import json
@@ -145,8 +146,11 @@ def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
     assert p.returncode == 0, p.stderr
     builds = json.loads(p.stdout.strip().splitlines()[-1])
     from tblock.kernels.wgemm import INTEGER_GEMM
+    from tblock.kernels.qgroups import grouped
+    row_kernel = "gemv_groups" if grouped("int8") else "gemv_int8"
     if dot == "int8":       # many rows: the integer GEMM where the CPU has VNNI, else widened panels
-        own = {"gemv_int8", "round_blocks"} | ({"stored_igemm", "igemm"} if INTEGER_GEMM else {"rounded_rows"})
+        own = {row_kernel, "round_blocks"} | ({"stored_igemm", "igemm"} if INTEGER_GEMM else {"rounded_rows"})
+        own |= {"group_columns"} if grouped("int8") else set()
     elif dot == "bf16":
         own = {"stored_bgemm", "bgemm_panels", "bgemm_packed", "bf16_rows", "dot_rows"}
     else:
@@ -157,4 +161,4 @@ def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
         else:
             assert (n > 0) == (name in own), builds
     if dot == "int8":       # one build of the rows of its own format
-        assert builds["gemv_int8"] == 1, builds
+        assert builds[row_kernel] == 1, builds

@@ -11,7 +11,7 @@ import numpy as np
 import tblock
 from tblock.backends.numba import lm_head, prepare_head
 from tblock.formats import quantize_matrix
-from tblock.kernels import bgemm, igemm, qdot, qgemv, wgemm
+from tblock.kernels import bgemm, igemm, qdot, qgemv, qgroups, wgemm
 
 fmt = sys.argv[1]
 dot = sys.argv[2] if len(sys.argv) > 2 else "fp32"
@@ -27,5 +27,6 @@ kernels = {"stored_gemm": wgemm.stored_gemm, "dot_rows": qgemv.dot_rows, "dot_q8
            "dot_q4": qgemv.dot_q4, "gemv_int8": qdot.gemv_int8, "round_blocks": qdot.round_blocks,
            "rounded_rows": qdot.rounded_rows, "stored_bgemm": wgemm.stored_bgemm, "bgemm_panels": bgemm.bgemm_panels,
            "bgemm_packed": bgemm.bgemm_packed, "bf16_rows": bgemm.bf16_rows,
-           "stored_igemm": wgemm.stored_igemm, "igemm": igemm.igemm}
+           "stored_igemm": wgemm.stored_igemm, "igemm": igemm.igemm, "gemv_groups": qgroups.gemv_groups,
+           "group_columns": qgroups.group_columns}
 print(json.dumps({name: len(k.overloads) for name, k in kernels.items()}))
