@@ -48,7 +48,7 @@ from .widen import emit_half, half_load
 
 GROUP = 16                                  # rows a group: int32 lanes of one 512-bit vector
 PAYLOAD = {"int8": QBLOCK, "int4": QBLOCK // 2}      # a block's bytes after its scale
-OFFSET = {"int8": 128, "int4": 8}           # what the weight bytes carry as unsigned bytes
+Q8_OFFSET, Q4_OFFSET = 128, 8               # what the weight bytes carry as unsigned bytes
 GROUPED_DOT = np.empty(0, np.int16)        # records.Stored's dot: "int8" on grouped rows
 _F32 = Vec(types.float32, GROUP)
 _i8, _i16, _i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -183,7 +183,7 @@ def gemv_groups(x, x_off, Wg, band, bias, y, y_off, accumulate):
     qs, ps, ds = row_scratch(k)
     size = block_size(Wg)
     chunk = GROUP * size
-    round_blocks(x, x_off, nb, qs, ps, ds, 128 if size == 2 + QBLOCK else 8)
+    round_blocks(x, x_off, nb, qs, ps, ds, Q8_OFFSET if size == 2 + QBLOCK else Q4_OFFSET)
     block_starts(ps, nb)
     W, q, d, st = borrowed(Wg), borrowed(qs), borrowed(ds), borrowed(ps)
     group = d_in // QBLOCK * chunk
