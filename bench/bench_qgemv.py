@@ -32,27 +32,27 @@ from tblock.kernels.qgemv import gemv_rows_parallel, stored_view
 from tblock.kernels.qgroups import gemv_groups_parallel, group_rows
 from tblock.perf.peak import read_pass
 
-# (name, format, dot); a name ending in "groups": the rows in groups of 16 (kernels.qgroups)
-VARIANTS = (("fp32", "fp32", "fp32"), ("bf16", "bf16", "fp32"), ("int8", "int8", "fp32"), ("int4", "int4", "fp32"),
-            ("int8/dot8", "int8", "int8"), ("int4/dot8", "int4", "int8"),
-            ("int8/groups", "int8", "int8"), ("int4/groups", "int4", "int8"))
+# (name, format, dot, layout): layout "rows" as stored, "groups" in groups of 16 (kernels.qgroups)
+VARIANTS = (("fp32", "fp32", "fp32", "rows"), ("bf16", "bf16", "fp32", "rows"), ("int8", "int8", "fp32", "rows"),
+            ("int4", "int4", "fp32", "rows"), ("int8/dot8", "int8", "int8", "rows"), ("int4/dot8", "int4", "int8", "rows"),
+            ("int8/groups", "int8", "int8", "groups"), ("int4/groups", "int4", "int8", "groups"))
 
 
 def stack_shapes(d: int, layers: int, vocab: int) -> list[tuple[int, int]]:
     return [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] * layers + ([(d, vocab)] if vocab else [])
 
 
-def stored(W: np.ndarray, name: str, fmt: str, dot: str):
+def stored(W: np.ndarray, fmt: str, dot: str, layout: str):
     if fmt == "fp32":
         return np.ascontiguousarray(W.T).reshape(-1)        # W^T rows, as the others store W
     m = quantize_matrix(W, fmt, dot=dot)
-    return group_rows(m.data, fmt) if name.endswith("groups") else stored_view(m)
+    return group_rows(m.data, fmt) if layout == "groups" else stored_view(m)
 
 
-def gemv(name: str, x, q, y, threads: int) -> None:
-    """y = x @ the matrix q (a variant's stored form), on ``threads`` tasks."""
+def gemv(layout: str, x, q, y, threads: int) -> None:
+    """y = x @ the matrix q (a variant's stored form in ``layout``), on ``threads`` tasks."""
     none = np.zeros(0, np.float32)
-    if name.endswith("groups"):
+    if layout == "groups":
         gemv_groups_parallel(x, q, y.size, none, y, False, threads)
     else:
         gemv_rows_parallel(x, q, none, y, False, threads)
@@ -79,22 +79,23 @@ def main() -> None:
     xs = [rng.standard_normal(s[0]).astype(np.float32) for s in shapes]
     ys = [np.empty(s[1], np.float32) for s in shapes]
     data, compile_s = {}, {}
-    for name, fmt, dot in VARIANTS:
-        data[name] = [stored(W, name, fmt, dot) for W in Ws]
+    for name, fmt, dot, layout in VARIANTS:
+        data[name] = [stored(W, fmt, dot, layout) for W in Ws]
         t0 = time.perf_counter()
-        gemv(name, xs[0], data[name][0], ys[0], args.threads)
+        gemv(layout, xs[0], data[name][0], ys[0], args.threads)
         compile_s[name] = time.perf_counter() - t0
         # the check: the first layer's matrices and the head against float64 over the same
         # stored values (and the same rounded rows)
         for i in list(range(4)) + ([len(Ws) - 1] if args.vocab > 0 else []):
             W, x, y, q = Ws[i], xs[i], ys[i], data[name][i]
             Wd = W if fmt == "fp32" else quantize_matrix(W, fmt).dequantize(np.float64)
-            gemv(name, x, q, y, 1)
+            gemv(layout, x, q, y, 1)
             xr = round_inputs(x[None].astype(np.float64), dot)[0] if dot != "fp32" else x.astype(np.float64)
             err = np.abs(y - xr @ Wd).max() / (np.abs(xr) @ np.abs(Wd)).max()
             if not err < 1e-6:
                 raise SystemExit(f"{name}: relative error {err:.2e} against float64 (bound 1e-6)")
     names = [v[0] for v in VARIANTS]
+    layouts = {v[0]: v[3] for v in VARIANTS}
     nbytes = {n: sum(nbytes_of(a) for a in data[n]) for n in names}
     reads = {n: read_pass(nbytes[n], args.threads) for n in names}
     times = {n: [] for n in names}
@@ -103,7 +104,7 @@ def main() -> None:
         for n in names:
             t0 = time.perf_counter()
             for x, q, y in zip(xs, data[n], ys):
-                gemv(n, x, q, y, args.threads)
+                gemv(layouts[n], x, q, y, args.threads)
             times[n].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             reads[n]()
@@ -112,7 +113,7 @@ def main() -> None:
     head = f", the head (d x {args.vocab})" if args.vocab > 0 else ""
     print(f"\n{args.layers} layers of d_model {args.d_model}{head}, {args.threads} threads, medians of {args.rounds} rounds")
     print("format        MB   GEMVs ms   read ms   ratio   GB/s   compile s")
-    for n, fmt, dot in VARIANTS:
+    for n, fmt, dot, _ in VARIANTS:
         t, r = statistics.median(times[n]), statistics.median(floors[n])
         rows.append({"variant": n, "format": fmt, "dot": dot, "bytes": nbytes[n], "gemv_s": t, "read_s": r, "ratio": t / r,
                      "GBs": nbytes[n] / t / 1e9, "read_GBs": nbytes[n] / r / 1e9, "compile_s": compile_s[n]})

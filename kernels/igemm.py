@@ -191,9 +191,13 @@ def in_place(Wq, dot):
     Q4_0's nibbles nor grouped rows (dot qgroups.GROUPED_DOT), which prepare unpacks."""
 
 
+def _rows_in_place(Wq, dot) -> bool:
+    return c_array(Wq, types.int8) and dot.dtype == types.int8
+
+
 @overload(in_place, inline="always")
 def _in_place(Wq, dot):
-    yes = c_array(Wq, types.int8) and dot.dtype == types.int8
+    yes = _rows_in_place(Wq, dot)
     return lambda Wq, dot: yes
 
 
@@ -203,7 +207,7 @@ def weight_bytes(Wq, Wu, dot):
 
 @overload(weight_bytes, inline="always")
 def _weight_bytes(Wq, Wu, dot):
-    if c_array(Wq, types.int8) and dot.dtype == types.int8:
+    if _rows_in_place(Wq, dot):
         return lambda Wq, Wu, dot: Wq
     return lambda Wq, Wu, dot: Wu
 

@@ -65,9 +65,10 @@ def grouped_size(fmt: str, d_in: int, d_out: int) -> int:
     return -(-d_out // GROUP) * GROUP * d_in // QBLOCK * (2 + PAYLOAD[fmt])
 
 
-def group_rows(rows: np.ndarray, fmt: str) -> np.ndarray:
+def group_rows(rows: np.ndarray, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
     """Stored rows (tblock.formats: (d_out, nb S) uint8, Q8_0 or Q4_0) in groups of 16
-    (module docstring), flat, int8 for Q8_0 and uint8 for Q4_0 as the kernels take them."""
+    (module docstring), flat, int8 for Q8_0 and uint8 for Q4_0 as the kernels take them;
+    written into ``out`` (grouped_size elements, a view into a larger buffer) when given."""
     P = PAYLOAD[fmt]
     S = 2 + P
     d_out, width = rows.shape
@@ -76,12 +77,17 @@ def group_rows(rows: np.ndarray, fmt: str) -> np.ndarray:
     padded = np.zeros((ng * GROUP, width), dtype=np.uint8)
     padded[:d_out] = rows.view(np.uint8)
     blocks = padded.reshape(ng, GROUP, nb, S)
-    scales = blocks[..., :2].transpose(0, 2, 1, 3).reshape(ng, nb, 2 * GROUP)
-    words = blocks[..., 2:].reshape(ng, GROUP, nb, P // 4, 4).transpose(0, 2, 3, 1, 4).reshape(ng, nb, GROUP * P)
+    if out is None:
+        out = np.empty(ng * nb * GROUP * S, dtype=np.int8 if fmt == "int8" else np.uint8)
+    elif out.size != ng * nb * GROUP * S or out.itemsize != 1 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be {ng * nb * GROUP * S} contiguous bytes, got {out.size} of {out.dtype}")
+    dest = out.view(np.uint8).reshape(ng, nb, GROUP * S)
+    dest[..., :2 * GROUP] = blocks[..., :2].transpose(0, 2, 1, 3).reshape(ng, nb, 2 * GROUP)
+    words = dest[..., 2 * GROUP:]
+    words[:] = blocks[..., 2:].reshape(ng, GROUP, nb, P // 4, 4).transpose(0, 2, 3, 1, 4).reshape(ng, nb, GROUP * P)
     if fmt == "int8":
-        words = words ^ np.uint8(0x80)
-    out = np.ascontiguousarray(np.concatenate([scales, words], axis=2).reshape(-1))
-    return out.view(np.int8) if fmt == "int8" else out
+        words ^= np.uint8(0x80)
+    return out
 
 
 def grouped(dot: str) -> bool:

@@ -52,6 +52,20 @@ def test_every_byte_is_where_the_layout_says(rng, fmt, d_out):
     assert np.array_equal(got, want)
 
 
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_grouped_into_a_slice_writes_only_the_slice(rng, fmt):
+    S = 2 + PAYLOAD[fmt]
+    rows = rng.integers(0, 256, (20, 2 * S), dtype=np.uint8)
+    n = grouped_size(fmt, 64, 20)
+    buf = np.full(n + 64, 7, np.int8 if fmt == "int8" else np.uint8)
+    group_rows(rows, fmt, buf[32:32 + n])
+    assert np.array_equal(buf[32:32 + n], group_rows(rows, fmt))
+    assert (buf[:32] == 7).all() and (buf[32 + n:] == 7).all()
+    for bad in (buf[32:31 + n], np.zeros(2 * n, buf.dtype)[::2], np.zeros(n, np.int16)):      # short, strided, wide
+        with pytest.raises(ValueError, match="out must be"):
+            group_rows(rows, fmt, bad)
+
 @njit
 def _band(x, x_off, Wg, band, bias, y, accumulate):
     gemv_groups(x, x_off, Wg, band, bias, y, 1, accumulate)

@@ -12,8 +12,7 @@ import numpy as np
 from ... import _runtime
 from ...formats import QuantizedMatrix
 from ...kernels.lm_head import head_parallel, head_serial, pack_head
-from ...kernels.qgemv import stored_view
-from ...kernels.qgroups import GROUPED_DOT, group_rows, grouped
+from .packing import held_matrix
 from .parallel import PARALLEL_MIN_FLOPS, parallel_call
 
 
@@ -22,10 +21,8 @@ def prepare_head(E, dtype) -> np.ndarray:
     take; a stored E (a QuantizedMatrix of E^T, shape (d, vocab): one row a token) is read
     in place, its rows as they are stored (float32 logits), or with dot "int8" on a CPU
     with VNNI a copy of them in groups of 16 (kernels.qgroups), as a block's matrices."""
-    if isinstance(E, QuantizedMatrix) and grouped(E.dot):
-        return group_rows(E.data, E.format), GROUPED_DOT
     if isinstance(E, QuantizedMatrix):
-        return stored_view(E)
+        return held_matrix(E)
     return pack_head(E, np.dtype(dtype))
 
 

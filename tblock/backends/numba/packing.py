@@ -17,8 +17,9 @@ from ...kernels.activations import ACTIVATION_CODES
 from ...kernels.bgemm import bf16_packed_size, pack_bf16_panels
 from ...kernels.gemm import pack_b, packed_size, panel_width
 from ...kernels.layout import ffn_cols, qkv_parts, weight_layout
-from ...kernels.qgemv import DOTS
-from ...kernels.qgroups import GROUPED_DOT, group_rows, grouped
+from ...formats import QuantizedMatrix
+from ...kernels.qgemv import DOTS, stored_view
+from ...kernels.qgroups import GROUP, GROUPED_DOT, group_rows, grouped
 from ...kernels.wgemm import stored_map
 
 PACKED = "numba-packed"     # the key of the packed buffer in a BlockWeights' prepared_state
@@ -108,21 +109,42 @@ def pack_stored(weights) -> tuple:
     if dot == "bf16":
         q = bf16_panels(rows)
     else:
-        q = stored_rows([group_rows(r, weights.format) for r in rows] if grouped(dot) else rows, weights.format)
+        q = held_rows(rows, weights.format, dot)
     q.flags.writeable = False
     m = stored_map(d, dkv, ffn_cols(dff, gated, NR), dff, NR, weights.format, layout, dot)
     m.flags.writeable = False
-    return f, q, m, GROUPED_DOT if grouped(dot) else DOTS[dot]
+    return f, q, m, held_dot(dot)
 
 
-def stored_rows(rows, fmt: str) -> np.ndarray:
-    """The stored matrices' rows (each QuantizedMatrix.data-like, (d_out, row), or
-    qgroups.group_rows' bytes) one after another, flat, as qgemv.stored_data gives each
-    (int8 as int8)."""
-    views = [r.reshape(-1) for r in rows]
-    q = aligned_empty(sum(v.size for v in views), views[0].dtype)
-    q[:] = np.concatenate(views)
-    return q.view(np.int8) if fmt == "int8" else q
+def held_rows(rows, fmt: str, dot: str) -> np.ndarray:
+    """Stored matrices' rows (each QuantizedMatrix.data-like, (d_out, row)) one after
+    another, flat (int8 as int8, bf16 as uint16), as the kernels read them with ``dot``: as stored
+    (qgemv.stored_data), or in groups of 16 (kernels.qgroups) where grouped(dot); each
+    matrix written once, into its place."""
+    group = grouped(dot)
+    sizes = [(-(-r.shape[0] // GROUP) * GROUP if group else r.shape[0]) * r.shape[1] for r in rows]
+    q = aligned_empty(sum(sizes), np.int8 if fmt == "int8" else rows[0].dtype)        # bf16: uint16
+    pos = 0
+    for r, n in zip(rows, sizes):
+        if group:
+            group_rows(r, fmt, q[pos:pos + n])
+        else:
+            q[pos:pos + n] = r.reshape(-1).view(q.dtype)
+        pos += n
+    return q
+
+
+def held_dot(dot: str) -> np.ndarray:
+    """The kernels' marker of matrices held by held_rows with ``dot`` (records.Stored's dot)."""
+    return GROUPED_DOT if grouped(dot) else DOTS[dot]
+
+
+def held_matrix(m: QuantizedMatrix):
+    """What the kernels take for one stored matrix (the vocabulary head): qgemv.stored_view
+    (its bytes in place), or where its rows are held in groups a grouped copy and its marker."""
+    if grouped(m.dot):
+        return held_rows([m.data], m.format, m.dot), held_dot(m.dot)
+    return stored_view(m)
 
 
 def bf16_panels(rows) -> np.ndarray:
