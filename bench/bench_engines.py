@@ -6,6 +6,7 @@ OpenVINO and transformers, decoding and prefilling a GPT-2-small- or Llama-famil
     python bench/bench_engines.py --quick        # 2 runs of 8 steps: checks the whole flow
     python bench/bench_engines.py --model smollm2-135m --engines tblock,transformers,llama.cpp
     python bench/bench_engines.py --model qwen2.5-0.5b --prepare    # convert only: nothing timed
+    python bench/bench_engines.py --engines tblock,llama.cpp --formats int8,int4 --dots --rounds 3
     make bench-engines                           # installs the extras first; ENGINES_ARGS adds options
 
 The model (--model, engine_models.py): GPT-2 small's shape (the default; or L:D:H:V, GPT-2 at
@@ -239,6 +240,54 @@ MEASURE = {"tblock": tblock_rows, "transformers": transformers_rows, "llama.cpp"
 # ---------------------------------------------------------------------------------------
 # the tables
 
+def measure_round(ctx, engines: list) -> list:
+    """Every engine's rows, in this order."""
+    rows = []
+    for engine in engines:
+        t = time.perf_counter()
+        try:
+            rows += MEASURE[engine](ctx)
+        except Unavailable as e:
+            ctx.skip(engine, "every format", str(e))
+        except Exception as e:          # another library's failure ends its rows, not the run
+            if engine == "tblock":
+                raise
+            traceback.print_exc()
+            ctx.skip(engine, "every format", f"{type(e).__name__}: {e}")
+        log(f"{engine}: {time.perf_counter() - t:.0f} s")
+    return rows
+
+
+def merge_rounds(rounds: list, ctx) -> list:
+    """The rounds' rows as one row per engine and format (the first round's order): every
+    round's samples, the median of the rounds' medians, and those medians (``rounds``) for
+    ratios paired round by round; a row missing from some round keeps the rounds it has."""
+    merged = {}
+    for rows in rounds:
+        for r in rows:
+            key = (r["engine"], r["weights"])
+            m = merged.setdefault(key, dict(r, decode_s=[], prefill_s=[], rounds={"decode": [], "prefill": []}))
+            for what in ("decode", "prefill"):
+                m[f"{what}_s"] += r[f"{what}_s"]
+                m["rounds"][what].append(r[f"{what}_median_s"])
+    for m in merged.values():
+        for what in ("decode", "prefill"):
+            m[f"{what}_median_s"] = float(np.median(m["rounds"][what]))
+    if ctx.fp32_row is not None:
+        ctx.fp32_row = merged[("tblock", ctx.fp32_row["weights"])]
+    return list(merged.values())
+
+
+def paired(a: dict, b: dict, key: str) -> float:
+    """a's time / b's: the median of the rounds' ratios where both have every round, else
+    the ratio of their medians."""
+    what = key.split("_")[0]
+    ra, rb = a["rounds"][what], b["rounds"][what]
+    if len(ra) == len(rb) > 1:
+        return float(np.median([x / y for x, y in zip(ra, rb)]))
+    return a[key] / b[key]
+
+
 def floor_bytes(r: dict) -> int:
     """The bytes a row's floor counts: its weights and, where known, its KV cache's."""
     return r["bytes"] + (r["kv_bytes"] or 0)
@@ -246,17 +295,18 @@ def floor_bytes(r: dict) -> int:
 
 def print_tables(rows: list, floor_bw: float, args) -> None:
     ours = [r for r in rows if r["engine"] == "tblock"]
+    rounds = f" (the median of {args.rounds} rounds' medians; ratios paired round by round)" if args.rounds > 1 else ""
 
     def ratios(r, key):
         # tblock's fastest row at the matching format (either dot), and its fp32 row
         same = min((t for t in ours if t["matches"] == r["matches"]), key=lambda t: t[key], default=None)
         fp32 = next((t for t in ours if t["weights"] == "fp32"), None)
-        a = f"{same[key] / r[key]:.2f} ({same['weights']})" if same else "-"
-        b = f"{fp32[key] / r[key]:.2f}" if fp32 else "-"
+        a = f"{paired(same, r, key):.2f} ({same['weights']})" if same else "-"
+        b = f"{paired(fp32, r, key):.2f}" if fp32 else "-"
         return a, b
 
     print(f"\ndecode: ms per new token after a {args.context}-token prompt, {args.gen} greedy steps timed together, "
-          f"median of {args.reps} runs; floor = (weight + KV bytes at context {args.context + (args.gen + 1) // 2}) "
+          f"median of {args.reps} runs{rounds}; floor = (weight + KV bytes at context {args.context + (args.gen + 1) // 2}) "
           f"/ {floor_bw / 1e9:.1f} GB/s read")
     print(f"{'engine':<13} {'weights':<42} {'ms/token':>8} {'weight MB':>9} {'KV MB':>6} {'floor ms':>8} "
           f"{'x floor':>7} {'tblock same / this':>24} {'tblock fp32 / this':>18}")
@@ -267,7 +317,7 @@ def print_tables(rows: list, floor_bw: float, args) -> None:
         print(f"{r['engine']:<13} {r['weights']:<42} {ms:>8.2f} {r['bytes'] / 1e6:>9.1f} {kv:>6} {floor:>8.2f} "
               f"{ms / floor:>7.2f} {a:>24} {b:>18}")
     print(f"\nprefill: ms for {args.prefill} tokens into an empty cache, the last row's logits, "
-          f"median of {args.reps} runs")
+          f"median of {args.reps} runs{rounds}")
     print(f"{'engine':<13} {'weights':<42} {'ms':>9} {'tokens/s':>9} {'tblock same / this':>24} "
           f"{'tblock fp32 / this':>18}")
     for r in rows:
@@ -342,6 +392,10 @@ def parse_args(argv):
     ap.add_argument("--gen", type=positive_int, default=32, help="decode steps timed together (default 32)")
     ap.add_argument("--prefill", type=positive_int, default=512, help="prefill length (default 512)")
     ap.add_argument("--reps", type=positive_int, default=10, help="timed runs per engine and format (default 10)")
+    ap.add_argument("--rounds", type=positive_int, default=1,
+                    help="measure every engine this many times, the engines' order reversed each round; "
+                         "a row's time is the median of its rounds' medians, a ratio the median of the "
+                         "rounds' ratios (default 1)")
     ap.add_argument("--quick", action="store_true", help="2 runs of 8 decode steps: checks the flow, measures little")
     ap.add_argument("--prepare", action="store_true",
                     help=f"make the checkpoint and the converted files of {', '.join(PREPARED)} (those in "
@@ -397,19 +451,8 @@ def main(argv=None) -> int:
     print(f"{args.model}, random weights (transformers' init, torch seed {args.seed}), batch 1; checkpoint {ckpt}")
     bw = memory_bandwidth(threads["numba"])
     print(f"memory: read {bw['read_GBs']:.1f} GB/s on {threads['numba']} threads (best of {bw['runs']})", flush=True)
-    rows = []
-    for engine in args.engines:
-        t = time.perf_counter()
-        try:
-            rows += MEASURE[engine](ctx)
-        except Unavailable as e:
-            ctx.skip(engine, "every format", str(e))
-        except Exception as e:          # another library's failure ends its rows, not the run
-            if engine == "tblock":
-                raise
-            traceback.print_exc()
-            ctx.skip(engine, "every format", f"{type(e).__name__}: {e}")
-        log(f"{engine}: {time.perf_counter() - t:.0f} s")
+    rounds = [measure_round(ctx, args.engines if i % 2 == 0 else args.engines[::-1]) for i in range(args.rounds)]
+    rows = merge_rounds(rounds, ctx)
     bw_end = memory_bandwidth(threads["numba"])
     print(f"memory at the end: read {bw_end['read_GBs']:.1f} GB/s")
     print_tables(rows, bw["read_GBs"] * 1e9, args)
@@ -422,6 +465,7 @@ def main(argv=None) -> int:
         kv = "" if r["kv_bytes"] is None else f" + KV cache {r['kv_bytes'] / 1e6:.1f} MB"
         print(f"  {r['engine']} {r['weights']}: {r['bytes'] / 1e6:.1f} MB ({r['bytes_counted']}){kv}; "
               f"{holds(r)}{same}")
+    ctx.skipped = [dict(t) for t in dict.fromkeys(tuple(s.items()) for s in ctx.skipped)]     # once each
     if ctx.skipped:
         print("\nnot measured:")
         for s in ctx.skipped:
