@@ -47,14 +47,17 @@ Measured, one run, medians:
             llama.cpp: llama-bench -p 512 -n 0 (logits of the last token); CTranslate2:
             generate_batch with max_length 1; OpenVINO: one request (the rows of logits its
             export computes are recorded).
-  floor     a decode step's bytes / read bandwidth (tblock.perf.peak.memory_bandwidth,
-            measured in this run, at the start and at the end).  Bytes: the weights (tblock's
-            blocks as stored plus the head's matrix; a GGUF file's tensors but the position
-            embedding; transformers' parameters but wpe; CTranslate2's model.bin and
-            OpenVINO's .bin as files) plus the KV cache the step reads at the timed steps'
-            middle context, context + (gen + 1) // 2 tokens (tblock: model.bytes_per_token
-            (that context, --kv); llama.cpp: its type_k/type_v; transformers: float32;
-            CTranslate2 and OpenVINO: not counted).
+  floor     a decode step's bytes / read bandwidth: for tblock and llama.cpp the best of 3
+            read passes over the row's weight bytes just before its timed runs and 3 just
+            after (engine_util.read_beside: a shared host's bandwidth drifts within minutes),
+            for the others the run's (tblock.perf.peak.memory_bandwidth at the start; the
+            end's is printed too); with --rounds, x floor is the median of the rounds' ratios.
+            Bytes: the weights (tblock's blocks as stored plus the head's matrix; a GGUF
+            file's tensors but the position embedding; transformers' parameters but wpe;
+            CTranslate2's model.bin and OpenVINO's .bin as files) plus the KV cache the step
+            reads at the timed steps' middle context, context + (gen + 1) // 2 tokens
+            (tblock: model.bytes_per_token (that context, --kv); llama.cpp: its
+            type_k/type_v; transformers: float32; CTranslate2 and OpenVINO: not counted).
   ratios    tblock / engine at the matching format (bf16 vs BF16, int8 vs Q8_0, int4 vs Q4_0
             and Q4_K_M, fp32 vs F32, ...; tblock's faster dot where --dots gave two) and
             tblock fp32 / engine: below 1, tblock is faster.
@@ -81,7 +84,7 @@ from common import add_json, add_threads, finish, machine_line, machine_record, 
 from engine_converted import ctranslate2_rows, openvino_rows
 from engine_llama_cpp import add_engine_args, llama_cpp_rows
 from engine_models import MODELS, checkpoint, parse_model
-from engine_util import Unavailable, log, row, timed
+from engine_util import Unavailable, log, read_beside, row, timed
 
 from tblock import peers, perf
 
@@ -169,7 +172,8 @@ def tblock_rows(ctx) -> list:
             m.next_logits(ctx.long, long_cache, backend, out=buf)
             return time.perf_counter() - t
 
-        d, p = timed(decode, prefill, ctx.args.reps)
+        weights = tblock_bytes(m)
+        (d, p), read_bw = read_beside(weights, ctx.args.threads, lambda: timed(decode, prefill, ctx.args.reps))
         holds = tblock_holds(m, dot, kv)
         info = {"loaded_with": how, "holds": holds, "load_s": load_s, "first_token": start,
                 "backend": backend or "default"}
@@ -178,9 +182,8 @@ def tblock_rows(ctx) -> list:
         elif ctx.tblock_fp32_logits is not None:
             info["prompt_logits_rel_err_vs_fp32"] = rel_err(logits, ctx.tblock_fp32_logits)
         label = fmt if dot == "fp32" else f"{fmt} dot {dot}"
-        weights = tblock_bytes(m)
         kv_bytes = int(m.bytes_per_token(ctx.mid_context, kv)) - weights
-        rows.append(row("tblock", label, fmt, d, p, weights, "blocks as stored + head", info, kv_bytes))
+        rows.append(row("tblock", label, fmt, d, p, weights, "blocks as stored + head", info, kv_bytes, read_bw))
         if fmt == "fp32":
             ctx.fp32_row = rows[-1]
         print(f"tblock {fmt}: {holds}; loaded with {how}", flush=True)
@@ -266,13 +269,17 @@ def merge_rounds(rounds: list, ctx) -> list:
     for rows in rounds:
         for r in rows:
             key = (r["engine"], r["weights"])
-            m = merged.setdefault(key, dict(r, decode_s=[], prefill_s=[], rounds={"decode": [], "prefill": []}))
+            m = merged.setdefault(key, dict(r, decode_s=[], prefill_s=[],
+                                            rounds={"decode": [], "prefill": [], "read": []}))
             for what in ("decode", "prefill"):
                 m[f"{what}_s"] += r[f"{what}_s"]
                 m["rounds"][what].append(r[f"{what}_median_s"])
+            m["rounds"]["read"].append(r["read_bw"])
     for m in merged.values():
         for what in ("decode", "prefill"):
             m[f"{what}_median_s"] = float(np.median(m["rounds"][what]))
+        reads = [bw for bw in m["rounds"]["read"] if bw]
+        m["read_bw"] = float(np.median(reads)) if reads else None
     if ctx.fp32_row is not None:
         ctx.fp32_row = merged[("tblock", ctx.fp32_row["weights"])]
     return list(merged.values())
@@ -293,6 +300,13 @@ def floor_bytes(r: dict) -> int:
     return r["bytes"] + (r["kv_bytes"] or 0)
 
 
+def x_floor(r: dict, run_bw: float) -> float:
+    """A merged row's decode time over its floor: round by round against the read beside it
+    (read_beside), their median; the run's bandwidth run_bw where the row has none."""
+    pairs = [t * bw / floor_bytes(r) for t, bw in zip(r["rounds"]["decode"], r["rounds"]["read"]) if bw]
+    return float(np.median(pairs)) if pairs else r["decode_median_s"] * (r["read_bw"] or run_bw) / floor_bytes(r)
+
+
 def print_tables(rows: list, floor_bw: float, args) -> None:
     ours = [r for r in rows if r["engine"] == "tblock"]
     rounds = f" (the median of {args.rounds} rounds' medians; ratios paired round by round)" if args.rounds > 1 else ""
@@ -306,16 +320,17 @@ def print_tables(rows: list, floor_bw: float, args) -> None:
         return a, b
 
     print(f"\ndecode: ms per new token after a {args.context}-token prompt, {args.gen} greedy steps timed together, "
-          f"median of {args.reps} runs{rounds}; floor = (weight + KV bytes at context {args.context + (args.gen + 1) // 2}) "
-          f"/ {floor_bw / 1e9:.1f} GB/s read")
-    print(f"{'engine':<13} {'weights':<42} {'ms/token':>8} {'weight MB':>9} {'KV MB':>6} {'floor ms':>8} "
-          f"{'x floor':>7} {'tblock same / this':>24} {'tblock fp32 / this':>18}")
+          f"median of {args.reps} runs{rounds}; floor = (weight + KV bytes at context "
+          f"{args.context + (args.gen + 1) // 2}) / the read bandwidth beside the row's timed runs (best of 3 "
+          f"passes over its weights' bytes before them and 3 after; the run's {floor_bw / 1e9:.1f} GB/s where none)")
+    print(f"{'engine':<13} {'weights':<42} {'ms/token':>8} {'weight MB':>9} {'KV MB':>6} {'read GB/s':>9} "
+          f"{'floor ms':>8} {'x floor':>7} {'tblock same / this':>24} {'tblock fp32 / this':>18}")
     for r in rows:
-        ms, floor = r["decode_median_s"] * 1e3, floor_bytes(r) / floor_bw * 1e3
+        ms, floor = r["decode_median_s"] * 1e3, floor_bytes(r) / (r["read_bw"] or floor_bw) * 1e3
         a, b = ratios(r, "decode_median_s")
         kv = "-" if r["kv_bytes"] is None else f"{r['kv_bytes'] / 1e6:.1f}"
-        print(f"{r['engine']:<13} {r['weights']:<42} {ms:>8.2f} {r['bytes'] / 1e6:>9.1f} {kv:>6} {floor:>8.2f} "
-              f"{ms / floor:>7.2f} {a:>24} {b:>18}")
+        print(f"{r['engine']:<13} {r['weights']:<42} {ms:>8.2f} {r['bytes'] / 1e6:>9.1f} {kv:>6} "
+              f"{(r['read_bw'] or floor_bw) / 1e9:>9.1f} {floor:>8.2f} {x_floor(r, floor_bw):>7.2f} {a:>24} {b:>18}")
     print(f"\nprefill: ms for {args.prefill} tokens into an empty cache, the last row's logits, "
           f"median of {args.reps} runs{rounds}")
     print(f"{'engine':<13} {'weights':<42} {'ms':>9} {'tokens/s':>9} {'tblock same / this':>24} "

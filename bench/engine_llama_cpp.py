@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 from common import HERE, child_failure, positive_int
-from engine_util import Unavailable, fresh, log, row, run_logged
+from engine_util import Unavailable, fresh, log, read_beside, row, run_logged
 
 LLAMA_CPP_PYTHON = "0.3.36"     # the llama-cpp-python release whose llama.cpp this script was checked with
 GGUF_TYPES = {"F32": "fp32", "BF16": "bf16", "Q8_0": "int8", "Q4_0": "int4", "Q4_K_M": "int4"}   # -> tblock's
@@ -140,20 +140,20 @@ def llama_cpp_rows(ctx) -> list:
             if ctx.args.prepare:
                 log(f"llama.cpp {kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
                 continue
-            d, info = llama_bench(ctx, tools["llama-bench"], path,
-                                  ["-p", 0, "-n", ctx.args.gen, "-d", ctx.args.context])
+            nbytes, types = gguf_bytes(path)
+            (d, info), read_bw = read_beside(nbytes, ctx.args.threads, lambda: llama_bench(
+                ctx, tools["llama-bench"], path, ["-p", 0, "-n", ctx.args.gen, "-d", ctx.args.context]))
             p, info_p = llama_bench(ctx, tools["llama-bench"], path, ["-p", len(ctx.long), "-n", 0])
             info["command_prefill"] = info_p["command"]
         except Unavailable as e:
             ctx.skip("llama.cpp", kind, str(e))
             continue
-        nbytes, types = gguf_bytes(path)
         info.update(types, file=str(path))
         # its KV cache at the timed steps' middle context, in the types llama-bench reports
         kv = [KV_VALUE_BYTES.get(str(info.get(t)).lower()) for t in ("type_k", "type_v")]
         kv_bytes = None if None in kv else ctx.args.model.kv_bytes(ctx.mid_context, sum(kv) / 2)
         rows.append(row("llama.cpp", kind, fmt, [s / ctx.args.gen for s in d], p, nbytes,
-                        "GGUF tensors but position_embd", info, kv_bytes))
+                        "GGUF tensors but position_embd", info, kv_bytes, read_bw))
     return rows
 
 

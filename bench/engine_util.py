@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +58,32 @@ def timed(decode, prefill, reps: int) -> tuple[list, list]:
     return d, p
 
 
-def row(engine, weights, matches, decode_s, prefill_s, nbytes, bytes_what, info, kv_bytes=None) -> dict:
+def read_beside(nbytes: int, threads: int, measure, passes: int = 3):
+    """measure()'s result, and the best read bandwidth (bytes/s) of ``passes`` passes over
+    nbytes just before it and as many just after (tblock.perf.peak.read_pass): a floor of
+    the moment the measurement ran, where a shared host's bandwidth drifts within minutes."""
+    from tblock.perf.peak import read_pass
+    read = read_pass(nbytes, threads)
+
+    def best() -> float:
+        times = []
+        for _ in range(passes):
+            t = time.perf_counter()
+            read()
+            times.append(time.perf_counter() - t)
+        return min(times)
+    before = best()
+    out = measure()
+    return out, nbytes / min(before, best())
+
+
+def row(engine, weights, matches, decode_s, prefill_s, nbytes, bytes_what, info, kv_bytes=None,
+        read_bw=None) -> dict:
     """One engine's measurement at one format: ``nbytes`` the weights a decode step reads
     (``bytes_what`` says which), ``kv_bytes`` the keys and values it reads at the timed
-    steps' middle context (None: not known)."""
+    steps' middle context (None: not known), ``read_bw`` the read bandwidth beside the
+    measurement (read_beside; None: only the run's)."""
     return {"engine": engine, "weights": weights, "matches": matches, "decode_s": list(decode_s),
             "prefill_s": list(prefill_s), "decode_median_s": float(np.median(decode_s)),
             "prefill_median_s": float(np.median(prefill_s)), "bytes": int(nbytes), "bytes_counted": bytes_what,
-            "kv_bytes": kv_bytes, "loadavg": os.getloadavg()[0], "info": info}
+            "kv_bytes": kv_bytes, "read_bw": read_bw, "loadavg": os.getloadavg()[0], "info": info}

@@ -4,13 +4,13 @@ round; on made-up rows, nothing timed."""
 from types import SimpleNamespace
 
 import pytest
-from bench_engines import merge_rounds, paired
+from bench_engines import merge_rounds, paired, x_floor
 from engine_util import row
 
 
-def rows(tblock_ms, llama_ms):
+def rows(tblock_ms, llama_ms, read_bw=None):
     def one(engine, weights, ms):
-        return row(engine, weights, "int8", [ms / 1e3] * 3, [10 * ms / 1e3] * 3, 100, "bytes", {})
+        return row(engine, weights, "int8", [ms / 1e3] * 3, [10 * ms / 1e3] * 3, 100, "bytes", {}, 20, read_bw)
     return [one("tblock", "int8 dot int8", tblock_ms), one("llama.cpp", "Q8_0", llama_ms)]
 
 
@@ -31,3 +31,13 @@ def test_one_round_keeps_the_plain_ratio_and_the_fp32_row_follows_the_merge():
     ours, theirs = merge_rounds([first], ctx)
     assert ctx.fp32_row is ours
     assert paired(ours, theirs, "prefill_median_s") == pytest.approx(40.0 / 50.0)
+
+
+def test_x_floor_pairs_each_round_with_the_read_beside_it():
+    # 120 bytes a step; round 1 read at 40 kB/s (floor 3 ms), round 2 at 60 (2 ms), round 3 none
+    ctx = SimpleNamespace(fp32_row=None)
+    ours, _ = merge_rounds([rows(4.5, 5.0, 40e3), rows(3.0, 5.0, 60e3), rows(6.0, 5.0)], ctx)
+    assert ours["read_bw"] == pytest.approx(50e3)
+    assert x_floor(ours, 1e9) == pytest.approx(1.5)            # rounds 1.5 and 1.5; round 3 has no read
+    alone, _ = merge_rounds([rows(6.0, 5.0)], ctx)
+    assert x_floor(alone, 30e3) == pytest.approx(6.0e-3 * 30e3 / 120)     # the run's bandwidth
