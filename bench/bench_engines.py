@@ -240,9 +240,6 @@ MEASURE = {"tblock": tblock_rows, "transformers": transformers_rows, "llama.cpp"
            "ctranslate2": ctranslate2_rows, "openvino": openvino_rows}
 
 
-# ---------------------------------------------------------------------------------------
-# the tables
-
 def measure_round(ctx, engines: list) -> list:
     """Every engine's rows, in this order."""
     rows = []
@@ -260,6 +257,9 @@ def measure_round(ctx, engines: list) -> list:
         log(f"{engine}: {time.perf_counter() - t:.0f} s")
     return rows
 
+
+# ---------------------------------------------------------------------------------------
+# the tables
 
 def merge_rounds(rounds: list, ctx) -> list:
     """The rounds' rows as one row per engine and format (the first round's order): every

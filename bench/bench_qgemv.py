@@ -95,16 +95,15 @@ def main() -> None:
             if not err < 1e-6:
                 raise SystemExit(f"{name}: relative error {err:.2e} against float64 (bound 1e-6)")
     names = [v[0] for v in VARIANTS]
-    layouts = {v[0]: v[3] for v in VARIANTS}
     nbytes = {n: sum(nbytes_of(a) for a in data[n]) for n in names}
     reads = {n: read_pass(nbytes[n], args.threads) for n in names}
     times = {n: [] for n in names}
     floors = {n: [] for n in names}
     for _ in range(args.rounds):
-        for n in names:
+        for n, _, _, layout in VARIANTS:
             t0 = time.perf_counter()
             for x, q, y in zip(xs, data[n], ys):
-                gemv(layouts[n], x, q, y, args.threads)
+                gemv(layout, x, q, y, args.threads)
             times[n].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             reads[n]()

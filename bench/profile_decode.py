@@ -40,8 +40,7 @@ def child(args) -> None:
     """Take decode steps until killed; print the median step once, then 'ready'."""
     import numpy as np
     import tblock
-    dot = args.dot or "fp32"
-    m = tblock.load(args.path, weights=args.weights, dot=dot)
+    m = tblock.load(args.path, weights=args.weights, dot=args.dot)
     buf = np.empty((1, m.vocab_size), np.float32)
     cache = m.make_cache(args.context + 8, format=args.kv)
     m.next_logits(np.arange(args.context) % m.vocab_size, cache, out=buf)
@@ -64,21 +63,10 @@ def child(args) -> None:
 
 def short_name(symbol: str) -> str:
     """tblock.kernels.qgroups.gemv_groups for a Numba function's symbol as gdb prints it
-    (tblock::kernels::qgroups::gemv_groups[abi:...](argument types), or mangled: _ZN and
-    length-prefixed parts); anything else as it is."""
-    if "::" in symbol:
-        name = re.split(r"\[abi:|\(", symbol, maxsplit=1)[0].replace("::", ".")
-    elif "_ZN" in symbol:
-        parts, i = [], symbol.find("_ZN") + 3
-        while i < len(symbol) and symbol[i].isdigit():
-            j = i
-            while symbol[j].isdigit():
-                j += 1
-            parts.append(symbol[j:j + int(symbol[i:j])])
-            i = j + int(symbol[i:j])
-        name = ".".join(parts)
-    else:
+    (tblock::kernels::qgroups::gemv_groups[abi:...](argument types)); anything else as it is."""
+    if "::" not in symbol:
         return symbol
+    name = re.split(r"\[abi:|\(", symbol, maxsplit=1)[0].replace("::", ".")
     name = re.sub(r"_3clocals_3e|_3clambda_3e|_3cdynamic_3e|<locals>|<lambda>|<dynamic>", "", name)
     name = re.sub(r"_0x[0-9a-f]+$", "", name)          # a parallel region's body: one name for all
     return re.sub(r"\.{2,}", ".", name).strip(".")
@@ -121,7 +109,7 @@ def profile(args) -> None:
             raise SystemExit(f"profile_decode needs {tool} on PATH")
     env = dict(os.environ, NUMBA_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, args.path, "--child", "--weights", args.weights, "--kv", args.kv,
-           "--context", str(args.context)] + (["--dot", args.dot] if args.dot else [])
+           "--context", str(args.context), "--dot", args.dot]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     try:
         step = proc.stdout.readline().strip()
@@ -144,7 +132,7 @@ def profile(args) -> None:
     by["(compiled code, less sampled granules)"] += sum(jit.values()) - sum(jit[g] for g in top)
     for sym, n in other.items():
         by[sym] += n
-    print(f"{args.path}: weights {args.weights}, dot {args.dot or 'fp32'}, KV {args.kv}, context {args.context}, "
+    print(f"{args.path}: weights {args.weights}, dot {args.dot}, KV {args.kv}, context {args.context}, "
           f"{args.threads} threads; {step} (before sampling); {total} samples in {args.seconds} s")
     for name, n in by.most_common():
         if 100 * n / total >= args.min_share:
@@ -155,7 +143,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", help="a checkpoint folder tblock.load reads")
     ap.add_argument("--weights", default="fp32", help="tblock.load's weights (default fp32)")
-    ap.add_argument("--dot", default=None, help="tblock.load's dot (default: fp32)")
+    ap.add_argument("--dot", default="fp32", help="tblock.load's dot (default fp32)")
     ap.add_argument("--kv", default="fp32", help="the KV cache's format (default fp32)")
     ap.add_argument("--context", type=int, default=128, help="tokens in the cache at each step (default 128)")
     ap.add_argument("--threads", type=int, default=2)
