@@ -68,7 +68,8 @@ from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel,
 from .records import Attend, Cache, Dims, Grid, Output, Scratch, with_part
 from .rotary import rope_table
 from .simd import panel_lanes
-from .stages import attention_buffers, attention_direct_task, attention_task, attention_work, pack_head
+from .stages import (attention_buffers, attention_direct_task, attention_task, attention_work, cached_attention_tasks,
+                     pack_head)
 from .tasks import (ATTEND, ATTEND_CACHED, ATTEND_DIRECT, CACHE_FIRST, CACHE_NEW, FFN_IN, FFN_DOWN, FFN_ROWS, FFN_UP,
                     HALF, LN1, LN_POST, OUT_PROJ, PLAN_COLS, PLAN_ROWS, QKV, ROPE, attention_stages_task,
                     inline_new_rows, next_task, output_stages_task, plan_stage, qkv_panels)
@@ -207,7 +208,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
         # through the micro-kernel's one-row loop
         if not inline_new_rows(dims, True):
             n = plan_stage(plan, n, CACHE_NEW, nkv)
-        n = plan_stage(plan, n, ATTEND_CACHED, nbh * nqt)
+        n = plan_stage(plan, n, ATTEND_CACHED, cached_attention_tasks(dims, nseq))
     elif direct:
         # tiny sequences: one task per (sequence, head), no packing
         if not inline_new_rows(dims, False) and (rotary or past == 0):

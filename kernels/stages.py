@@ -228,6 +228,59 @@ def query_tile(t, T, n_heads):
     return bh // n_heads, bh % n_heads, q0, min(T, q0 + BQ)
 
 
+@kernel(internal=True)
+def cached_attention_tasks(dims, nseq):
+    """Tasks of the ATTEND_CACHED stage for nseq sequences: with one new token a sequence
+    (a decode step) one a (sequence, K/V head), for its group of query heads
+    (cached_attention_task); else attention_task's, one a (sequence, head, query tile)."""
+    if dims.T == 1:
+        return nseq * dims.kv_heads
+    return nseq * dims.n_heads * ceil_div(dims.T, BQ)
+
+
+@kernel(internal=True)
+def cached_attention_heads(dims, t):
+    """(h0, h1): the attention_task numbers that ATTEND_CACHED's task t covers
+    (cached_attention_tasks): query heads h0..h1-1 of one token, or tile t alone."""
+    if dims.T > 1:
+        return t, t + 1
+    group = dims.n_heads // dims.kv_heads
+    h0 = t // dims.kv_heads * dims.n_heads + t % dims.kv_heads * group
+    return h0, h0 + group
+
+
+@kernel(standalone=True, internal=True)
+def cached_attention_task(q, ldq, dims, t, kv, work, w_pos):
+    """Task t of ATTEND_CACHED over a float cache (cached_attention_tasks).  For one new
+    token a sequence with query heads grouped on a K/V head, the group's queries are the
+    rows of one tile: their Q columns lie dk apart in the token's row, none is masked (the
+    token sees every cached key), so each key panel read serves the whole group in the
+    micro-kernel, where one query a task is a chain of dependent FMAs re-reading the
+    panel.  Scratch: that of the group's heads as attention_task takes it, one block."""
+    group = dims.n_heads // dims.kv_heads
+    if dims.T > 1 or group == 1:
+        attention_task(q, ldq, dims, t, kv, work, w_pos)
+        return
+    kt, vp, max_T = kv.K, kv.V, kv.max_T
+    NR = panel_lanes(kt)
+    dk = dims.d // dims.n_heads
+    ldv = v_stride(dk, NR)
+    b = t // dims.kv_heads
+    seq, past = seq_at(kv, b)
+    bh = seq * dims.kv_heads + t % dims.kv_heads
+    keys = past + 1
+    bk = min(BK, panels(keys, NR) * NR)
+    pos = w_pos + t * group * attention_work(1, kv.past + 1, dk, NR, q.itemsize) if work.size > 0 else 0
+    Qt, pos = take(work, pos, group * dk)
+    S, pos = take(work, pos, min(group, QSUB) * bk)
+    O, pos = take(work, pos, group * ldv)
+    mrow, pos = take_f64(work, pos, group)
+    lrow, pos = take_f64(work, pos, group)
+    heads = Rows(b * ldq + t % dims.kv_heads * group * dk, dk)      # query i: head h0 + i
+    flash_rows(q, heads, kt, vp, KV(bh * kt_len(max_T, dk, NR), bh * max_T * ldv, ldv),
+               Att(0, group, keys, dk, False, 1.0 / np.sqrt(dk), bk), FlashWork(Qt, S, O, mrow, lrow), q, heads)
+
+
 @kernel(standalone=True, internal=True)
 def attention_task(q, ldq, dims, t, kv, work, w_pos):
     """Task t of stage 2: one query tile of one head of one sequence; Q[b, i] of head h

@@ -77,8 +77,11 @@ def qkv_panels(dims, NR):
 @kernel(internal=True)
 def inline_new_rows(dims, cached):
     """Whether each attention task (ATTEND_CACHED when cached, else ATTEND_DIRECT) makes
-    its own head's new rows (new_rows) before attending: with one task per K/V head, that
-    is one query head a K/V head and (cached) one query tile; else a CACHE_NEW stage does."""
+    its own K/V head's new rows (new_rows) before attending: with one task per K/V head,
+    that is a cached decode step (stages.cached_attention_tasks), or one query head a K/V
+    head and (cached) one query tile; else a CACHE_NEW stage does."""
+    if cached and dims.T == 1:
+        return True
     return dims.kv_heads == dims.n_heads and (dims.T <= BQ or not cached)
 
 

@@ -335,7 +335,7 @@ def test_a_call_compiles_only_its_own_paths(call, tmp_path):
     assert p.returncode == 0, p.stderr
     builds = json.loads(p.stdout.strip().splitlines()[-1])
     paths = {"ffn_input_task", "ffn_up_task", "ffn_down_task", "attention_direct_task", "cache_rows_task",
-             "cache_packed_task", "attention_task"}
+             "cache_packed_task", "attention_task", "cached_attention_task"}
     own = {"long": {"attention_task"}, "short": {"ffn_input_task", "ffn_up_task", "ffn_down_task",
                                                   "attention_direct_task", "attention_task"},
            "cached": paths,

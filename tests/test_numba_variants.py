@@ -37,6 +37,7 @@ from tblock import BlockConfig, BlockWeights, KVCache
 from tblock.backends import numba as nb
 from tblock.backends import numpy as oracle
 from tblock.backends import reference_lm_head
+from tblock.kernels.tiles import BK
 from tblock.weights import expected_shape, weight_names
 
 from conftest import rel_err
@@ -189,6 +190,23 @@ def test_cached_chunks_equal_the_full_forward(cfg, B, sizes, dtype, seed):
             tblock.forward(H[:, at:at + n], w, cfg, backend="numpy", cache=ref)
             at += n
         assert rel_err(cache.keys(), ref.keys()) < F64 and rel_err(cache.values(), ref.values()) < F64
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("heads, kv", [(6, 2), (6, 3), (7, 1), (14, 2)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_decode_steps_of_grouped_heads_match_the_oracle(heads, kv, dtype):
+    """A decode step attends each K/V head's group of query heads as the rows of one tile
+    (kernels.stages.cached_attention_task): groups of 2, 3, 7 (past one micro-tile of MR
+    rows) and 7 again with two K/V heads, two sequences, after a prompt past one key tile."""
+    cfg = together(d_model=8 * heads, n_heads=heads, n_kv_heads=kv)
+    rng = np.random.default_rng(heads * 10 + kv)
+    w = variant_weights(cfg, rng, dtype)
+    sizes = (BK + 5, 1, 1, 1)
+    H = inputs(cfg, rng, 2, sum(sizes), dtype)
+    got = chunked(H, w, cfg, KVCache(cfg, sum(sizes), 2, dtype), sizes)
+    bound = F64 if dtype == np.float64 else F32
+    assert rel_err(got[:, -3:], oracle_of(H, w, cfg)[:, -3:]) < bound
 
 
 @pytest.mark.isa

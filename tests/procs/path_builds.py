@@ -26,6 +26,7 @@ tblock.forward(H, w, cfg, cache=cache)
 kernels = {"ffn_input_task": ffn.ffn_input_task, "ffn_up_task": ffn.ffn_up_task, "ffn_down_task": ffn.ffn_down_task,
            "attention_direct_task": stages.attention_direct_task, "cache_rows_task": stages.cache_rows_task,
            "cache_packed_task": stages.cache_packed_task, "attention_task": stages.attention_task,
+           "cached_attention_task": stages.cached_attention_task,
            "rope_rows": block.rope_rows, "rope_table": rotary.rope_table, "rope_packed": tasks.rope_packed,
            "turn_new_rows": tasks.turn_new_rows, "rotate_rows": rotary.rotate_rows, "rotate_kt": rotary.rotate_kt,
            "gated_rows": activations.gated_rows}
