@@ -8,9 +8,11 @@ tasks (``stages``; their tile and stride arithmetic: ``layout``):
             K and V through a task-sized scratch straight into the layouts attention
             reads (K^T in panels for the score micro-kernel, V in contiguous rows per
             head); for tiny T*T*d_k, Q, K and V side by side in one buffer instead
-  2. attn:  per (sequence, head, query tile), flash attention; the head's output is
-            written over that head's Q columns of the same rows (each Q tile is read
-            by exactly one task, before it writes there), so out_concat needs no buffer
+  2. attn:  per (sequence, head, query tile), flash attention (a decode step over a
+            float cache: per (sequence, K/V head), its query group as one tile); the
+            head's output is written over that head's Q columns of the same rows (each
+            Q tile is read by exactly one task, before it writes there), so out_concat
+            needs no buffer
   3. W_O:   out = H + out_concat @ W_O (the residual is the GEMM's initial C)
   4. FFN:   per row tile: [LN], then per chunk of FF_CHUNK hidden columns:
             up-projection, bias + activation, and the chunk's band of W_2 accumulated
@@ -206,12 +208,12 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
         # with tokens cached: the new keys and values go into the cache, then the queries
         # attend over all of it; a decode step's query reads the cached keys and values
         # through the micro-kernel's one-row loop
-        if not inline_new_rows(dims, True):
+        if not inline_new_rows(dims, cache):
             n = plan_stage(plan, n, CACHE_NEW, nkv)
-        n = plan_stage(plan, n, ATTEND_CACHED, cached_attention_tasks(dims, nseq))
+        n = plan_stage(plan, n, ATTEND_CACHED, cached_attention_tasks(dims, nseq, cache))
     elif direct:
         # tiny sequences: one task per (sequence, head), no packing
-        if not inline_new_rows(dims, False) and (rotary or past == 0):
+        if not inline_new_rows(dims, None) and (rotary or past == 0):
             n = plan_stage(plan, n, CACHE_NEW, nkv)
         n = plan_stage(plan, n, ATTEND_DIRECT, nbh)
     else:

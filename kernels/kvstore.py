@@ -32,8 +32,7 @@ from .options import kernel
 from .records import KV, Att, FlashWork, Rows
 from .simd import (PANEL_VECTORS, VECTOR_BYTES, Vec, elem_ptr, lanes, panel_lanes, pbcast, psplat, pstore, vadd,
                    vfma, vload, vload_n, vmul, vsplat, vstore, vstore_n)
-from .stages import (attention_work, cache_packed_task, cache_rows_task, cached_attention_heads, cached_attention_task,
-                     query_tile, seq_at)
+from .stages import attention_work, cache_packed_task, cache_rows_task, cached_attention_task, query_tile, seq_at
 from .tiles import BK, BQ
 from .widen import bf16_load, i8_load
 
@@ -360,16 +359,11 @@ def _cache_first(kt, vp, dims, t, cache):
 
 def attend_cache(q, ldq, dims, t, cache, work, w_pos):
     """Task t of the ATTEND_CACHED stage (stages.cached_attention_tasks) over the cache's
-    keys and values, whatever their format: a stored cache's task attends its heads in
-    turn, each head's keys and values then read from L2 after the first."""
+    keys and values, whatever their format."""
 
 
 @overload(attend_cache, inline="always")
 def _attend_cache(q, ldq, dims, t, cache, work, w_pos):
     if is_stored(cache.types[0]):
-        def stored(q, ldq, dims, t, cache, work, w_pos):
-            h0, h1 = cached_attention_heads(dims, t)
-            for h in range(h0, h1):
-                stored_attention_task(q, ldq, dims, h, cache, work, w_pos)
-        return stored
+        return lambda q, ldq, dims, t, cache, work, w_pos: stored_attention_task(q, ldq, dims, t, cache, work, w_pos)
     return lambda q, ldq, dims, t, cache, work, w_pos: cached_attention_task(q, ldq, dims, t, cache, work, w_pos)

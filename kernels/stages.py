@@ -229,36 +229,34 @@ def query_tile(t, T, n_heads):
 
 
 @kernel(internal=True)
-def cached_attention_tasks(dims, nseq):
-    """Tasks of the ATTEND_CACHED stage for nseq sequences: with one new token a sequence
-    (a decode step) one a (sequence, K/V head), for its group of query heads
-    (cached_attention_task); else attention_task's, one a (sequence, head, query tile)."""
-    if dims.T == 1:
+def grouped_decode(dims, kv):
+    """Whether ATTEND_CACHED's tasks over the Cache kv are one a (sequence, K/V head), its
+    group of query heads as the rows of one tile (cached_attention_task): one new token a
+    sequence over a float cache.  A stored cache's one-query rows would gain nothing but
+    fewer, coarser tasks (docs/perf-log.md)."""
+    return dims.T == 1 and kv.K.itemsize >= 4
+
+
+@kernel(internal=True)
+def cached_attention_tasks(dims, nseq, kv):
+    """Tasks of the ATTEND_CACHED stage for nseq sequences over the Cache kv: grouped
+    (grouped_decode), one a (sequence, K/V head); else attention_task's, one a (sequence,
+    head, query tile)."""
+    if grouped_decode(dims, kv):
         return nseq * dims.kv_heads
     return nseq * dims.n_heads * ceil_div(dims.T, BQ)
 
 
-@kernel(internal=True)
-def cached_attention_heads(dims, t):
-    """(h0, h1): the attention_task numbers that ATTEND_CACHED's task t covers
-    (cached_attention_tasks): query heads h0..h1-1 of one token, or tile t alone."""
-    if dims.T > 1:
-        return t, t + 1
-    group = dims.n_heads // dims.kv_heads
-    h0 = t // dims.kv_heads * dims.n_heads + t % dims.kv_heads * group
-    return h0, h0 + group
-
-
 @kernel(standalone=True, internal=True)
 def cached_attention_task(q, ldq, dims, t, kv, work, w_pos):
-    """Task t of ATTEND_CACHED over a float cache (cached_attention_tasks).  For one new
-    token a sequence with query heads grouped on a K/V head, the group's queries are the
-    rows of one tile: their Q columns lie dk apart in the token's row, none is masked (the
+    """Task t of ATTEND_CACHED over a float cache (cached_attention_tasks).  Grouped
+    (grouped_decode) with query heads sharing a K/V head, the group's queries are the rows
+    of one tile: their Q columns lie dk apart in the token's row, none is masked (the
     token sees every cached key), so each key panel read serves the whole group in the
     micro-kernel, where one query a task is a chain of dependent FMAs re-reading the
     panel.  Scratch: that of the group's heads as attention_task takes it, one block."""
     group = dims.n_heads // dims.kv_heads
-    if dims.T > 1 or group == 1:
+    if not grouped_decode(dims, kv) or group == 1:
         attention_task(q, ldq, dims, t, kv, work, w_pos)
         return
     kt, vp, max_T = kv.K, kv.V, kv.max_T

@@ -23,7 +23,7 @@ from .options import claim, kernel
 from .records import Cache, with_part
 from .rotary import rotate_kt, rotate_rows
 from .simd import panel_lanes
-from .stages import attention_direct_task, attention_task, layernorm_piece, out_proj_task, qkv_task
+from .stages import attention_direct_task, attention_task, grouped_decode, layernorm_piece, out_proj_task, qkv_task
 from .tiles import BQ, TASK_PANELS
 from .wgemm import floats
 
@@ -75,14 +75,14 @@ def qkv_panels(dims, NR):
 
 
 @kernel(internal=True)
-def inline_new_rows(dims, cached):
-    """Whether each attention task (ATTEND_CACHED when cached, else ATTEND_DIRECT) makes
-    its own K/V head's new rows (new_rows) before attending: with one task per K/V head,
-    that is a cached decode step (stages.cached_attention_tasks), or one query head a K/V
-    head and (cached) one query tile; else a CACHE_NEW stage does."""
-    if cached and dims.T == 1:
-        return True
-    return dims.kv_heads == dims.n_heads and (dims.T <= BQ or not cached)
+def inline_new_rows(dims, cache):
+    """Whether each attention task (ATTEND_CACHED over the Cache ``cache``, or
+    ATTEND_DIRECT: None) makes its own K/V head's new rows (new_rows) before attending:
+    with one task per K/V head, that is a grouped decode step (stages.grouped_decode), or
+    one query head a K/V head and (cached) one query tile; else a CACHE_NEW stage does."""
+    if cache is None:
+        return dims.kv_heads == dims.n_heads
+    return grouped_decode(dims, cache) or (dims.kv_heads == dims.n_heads and dims.T <= BQ)
 
 
 # inlined: a caller loaded from Numba's cache publishes the standalone kernels it calls
@@ -159,11 +159,11 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache, few):
     elif (few is not None or cache is not None) and stage == CACHE_NEW:   # rotary positions without a cache too
         new_rows(bufs, dims, t, cache)
     elif few is not None and stage == ATTEND_DIRECT:
-        if inline_new_rows(dims, False):
+        if inline_new_rows(dims, None):
             new_rows(bufs, dims, t, cache)
         attention_direct_task(bufs.q, dims, t, bufs.srow)
     elif cache is not None and stage == ATTEND_CACHED:
-        if inline_new_rows(dims, True):     # the task's own head, appended before it is read
+        if inline_new_rows(dims, cache):    # the task's own head, appended before it is read
             new_rows(bufs, dims, t, cache)
         attend_cache(bufs.q, bufs.ldq, dims, t, cache, bufs.work, bufs.w_pos)
     elif cache is not None:
