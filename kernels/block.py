@@ -34,7 +34,7 @@ compile short.  Each thread claims the stage's tasks one at a time from a shared
 OpenMP layer would split a prange over the tasks statically, half to each thread; claimed
 one by one (each head's costly query tiles first) they balance the cores.  With one row
 tile (a decode step, where every stage streams weights) the tasks are two halves with a
-counter each, so each thread streams a run of neighbouring panels (next_task).  With few
+counter each, so each thread streams its runs of neighbouring panels (next_task).  With few
 rows (every GEMM task holds all of them: a decode step, a short sequence) the whole block
 is one parallel region whose stages wait for the count of the previous stage's finished
 tasks (options.finished, options.wait_for), not a region a stage.
@@ -206,8 +206,8 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
         pos += nbh * nqt * attention_work(min(T, BQ), max(past, 0) + T, d // n_heads, NR, H.itemsize)
     if extend:
         # with tokens cached: the new keys and values go into the cache, then the queries
-        # attend over all of it; a decode step's query reads the cached keys and values
-        # through the micro-kernel's one-row loop
+        # attend over all of it (a decode step over a float cache: a K/V head's query
+        # group as the rows of one tile)
         if not inline_new_rows(dims, cache):
             n = plan_stage(plan, n, CACHE_NEW, nkv)
         n = plan_stage(plan, n, ATTEND_CACHED, cached_attention_tasks(dims, nseq, cache))
@@ -322,8 +322,8 @@ def output_plan(dims, scratch, rows, pos, nthr, few):
         hid, pos = take(work, pos, rows * ldh)
         gu, pos = take(work, pos, rows * ffn_cols(dff, True, NR) if dims.gated else 0)
         n = plan_stage(plan, n, FFN_IN, nthr)
-        n = plan_stage(plan, n, FFN_UP, panel_groups(rows, panels(dff, NR), nthr, TASK_PANELS))
-        n = plan_stage(plan, n, FFN_DOWN, panel_groups(rows, npo, nthr, TASK_PANELS))
+        n = plan_stage(plan, n, FFN_UP, panel_groups(panels(dff, NR), nthr, TASK_PANELS))
+        n = plan_stage(plan, n, FFN_DOWN, panel_groups(npo, nthr, TASK_PANELS))
         if not dims.pre_ln:
             n = plan_stage(plan, n, LN_POST, nthr)
     else:

@@ -138,12 +138,12 @@ def rows_per_task(rows, cap, nthr):
 
 
 @kernel(internal=True)
-def panel_groups(rows, npanels, nthr, per):
-    """Tasks of a stage whose every task takes all ``rows`` rows: one per column panel, or
-    with per > 1 (tiles.TASK_PANELS) runs of about per panels, a multiple of nthr of them so
-    that the threads end together; one panel a task for a row tile (a decode step streams
-    the weights, each thread a run of neighbouring panels: tasks.next_task)."""
-    if per <= 1 or rows <= MR:
+def panel_groups(npanels, nthr, per):
+    """Tasks of a stage whose every task takes all the rows: one per column panel, or with
+    per > 1 (tiles.TASK_PANELS) runs of about per panels, a multiple of nthr of them so that
+    the threads end together (a decode step's halves, tasks.next_task: a run of them a
+    thread)."""
+    if per <= 1:
         return npanels
     return min(npanels, nthr * ceil_div(npanels, nthr * per))
 
@@ -161,7 +161,7 @@ def stage_grid(rows, npanels, cap, nthr, per):
     nthr of them, each split into column groups when there are few (a serial call gains
     nothing from the split)."""
     if nthr > 1 and rows <= cap * nthr:
-        g = panel_groups(rows, npanels, nthr, per)
+        g = panel_groups(npanels, nthr, per)
         return rows, g, g
     mc = rows_per_task(rows, cap, nthr)
     nrb = ceil_div(rows, mc)

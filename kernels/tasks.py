@@ -53,9 +53,9 @@ def next_task(plan, s, w, halves, nthr):
     """The next task of stage s for worker w (plan[s, 1] when none is left).  halves=1:
     from one counter, as the workers ask.  halves=2: the tasks are two contiguous halves
     with a counter each (columns 2 and 3); worker w takes from half w % 2, then from the
-    other.  For a GEMV (a decode step) a task is a panel of one weight matrix: two
-    threads taking neighbouring panels in turn streamed slower than each streaming a
-    run of its own (docs/perf-log.md)."""
+    other.  For a GEMV (a decode step) a task is a run of panels of one weight matrix:
+    two threads taking neighbouring runs in turn streamed slower than each streaming a
+    half of its own (docs/perf-log.md)."""
     n = plan[s, 1]
     if halves == 1:
         return claim(plan, s, 2, nthr)
@@ -190,7 +190,7 @@ def output_stages_task(stage, t, H, Wf, dims, grid, bufs, few):
     elif stage == FFN_UP or stage == FFN_DOWN:
         # task t: the t-th of the stage's runs of panels (layout.panel_groups)
         npn = panels(dims.dff if stage == FFN_UP else d, NR)
-        g = panel_groups(rows, npn, grid.nthr, TASK_PANELS)
+        g = panel_groups(npn, grid.nthr, TASK_PANELS)
         if stage == FFN_UP:
             ffn_up_task(Wf, dims, rows, bufs, t * npn // g, (t + 1) * npn // g)
         else:

@@ -55,7 +55,9 @@ KC_ONE = 256    # k block with one row tile (a GEMV: a decode step, the vocabula
 TASK_PANELS = 3     # column panels a task takes, with all rows in every task (layout.panel_groups):
                     # a task's first slice of B comes from L3 unprefetched, and on stored
                     # weights a task first rounds its rows (bf16 pairs, int8 blocks) or
-                    # unpacks its panels, once for all of its panels
+                    # unpacks its panels, once for all of its panels; and a decode step's
+                    # task claims itself and counts itself done on counters both threads
+                    # write (one panel a task: 5-10% of an int8 step, docs/perf-log.md)
 MC = 192        # rows per QKV / W_O task at most (rows_per_task balances them): each task
                 # streams all of W_qkv or W_o, so more rows read them less often, while the
                 # task's A block still fits L2
