@@ -1,8 +1,8 @@
 """Runs of column panels a task (layout.panel_groups): with every task of a stage holding all
 the rows, a decode step's one row too, a task takes about tiles.TASK_PANELS panels (on
-stored weights preparing its rows once for all of them).  Every panel must be some task's, once; the block must give the
-oracle's results at panel counts that do not divide, thread counts of 2 to 5 and row
-counts on both sides of the micro-tile."""
+stored weights preparing its rows once for all of them).  Every panel must be some task's,
+once; the block must give the oracle's results at panel counts that do not divide, thread
+counts of 2 to 5 and row counts on both sides of the micro-tile."""
 
 import numpy as np
 import pytest
