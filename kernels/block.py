@@ -22,8 +22,9 @@ tasks (``stages``; their tile and stride arithmetic: ``layout``):
             down-projection as two stages split by column panels, through the whole
             (rows, d_ff) hidden layer, with the same sums in the same order.
 
-With few rows for the threads, the GEMM stages give every task all the rows and one
-column panel (``stage_grid``), and the Pre-LN's LN1 becomes a stage of its own.
+With few rows for the threads, the GEMM stages give every task all the rows and a run
+of about TASK_PANELS column panels (``stage_grid``), and the Pre-LN's LN1 becomes a stage
+of its own.
 
 A call plans the stages it needs and runs each stage's tasks from one loop per half of
 the block (attention_stages_task: 1-2; output_stages_task: 3-4, once the output buffer

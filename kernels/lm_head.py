@@ -12,8 +12,10 @@ One compiled call (``head_parallel``, or ``head_serial`` with the same sums) run
      HEAD_PANELS column panels: tiles.py).  At GPT-2's size E^T is far past every cache:
      each row block streams all of it once, so the row blocks are large, and the panels
      are grouped so that gemm_panels prefetches the next panel's slice while one is in
-     use; a vocabulary makes many groups a row block, which keep the threads balanced
-     under dynamic scheduling.
+     use.  With one row block (a decode step, the last rows' logits) a thread's share of
+     the panels is one task: Numba's prange hands each thread a contiguous share anyway,
+     and a call per group rounded a stored head's inputs again and restarted the stream
+     (docs/perf-log.md).
 
 Each logit is written by exactly one task, with a fixed summation order (k blocks of KC),
 so the result does not depend on the schedule.
@@ -60,14 +62,15 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     W = as_head(Ep, xn)                 # float panels, or stored rows (wgemm)
     NR = panel_lanes(floats(W))
     npn = panels(vocab, NR)
-    groups = ceil_div(npn, HEAD_PANELS)
     nrb = ceil_div(rows, HEAD_ROWS)
     mc = ceil_div(rows, nrb)            # equal row blocks: 600 rows are 2 x 300, not 512 + 88
+    per = HEAD_PANELS if nrb > 1 else ceil_div(npn, nthr)       # one row block: a task a thread
+    groups = ceil_div(npn, per)
     for t in prange(nrb * groups):
         r0 = (t // groups) * mc
-        p0 = (t % groups) * HEAD_PANELS
+        p0 = (t % groups) * per
         wgemm_block(xn, Rows(0, d), W, Panels(0, d * NR, d, vocab), out, Rows(0, vocab),
-                   Tile(r0, min(rows, r0 + mc), p0, min(npn, p0 + HEAD_PANELS)), False, -1)
+                   Tile(r0, min(rows, r0 + mc), p0, min(npn, p0 + per)), False, -1)
 
 
 # _head's builds, its prange loops run in turn (sized for nthr = 1) or on Numba's threads;

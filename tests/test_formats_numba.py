@@ -124,6 +124,29 @@ def test_stored_head_matches_the_reference(fmt, rng):
         assert rel_err(got, want) < BOUND
 
 
+@pytest.mark.parametrize("fmt", ("fp32",) + STORED)
+def test_parallel_head_of_one_row_matches_the_reference(fmt, rng):
+    """A head large enough for the parallel build over one row (a decode step's), where
+    each thread takes its share of the column panels as one task: a vocabulary of an odd
+    count of panels, the last ragged, so the shares differ and one ends mid-panel."""
+    from tblock.backends import reference_lm_head
+    from tblock.backends.numba import lm_head, prepare_head
+    from tblock.backends.numba.lm import head_is_large
+
+    vocab, d = 16 * 1025 + 11, 64
+    assert head_is_large(1, (vocab, d))
+    E = rng.standard_normal((vocab, d)).astype(np.float32)
+    if fmt != "fp32":
+        E = quantize_matrix(E.T, fmt)
+    ln_f = rng.standard_normal(2 * d).astype(np.float32)
+    H = rng.standard_normal((1, 1, d)).astype(np.float32)
+    want = reference_lm_head(H, ln_f, 1e-5, E, np.empty((1, 1, vocab)))
+    for n in sorted({1, min(2, tblock._runtime.pool_size())}):
+        with tblock.threads(n):
+            got = lm_head(H.copy(), ln_f, 1e-5, prepare_head(E, np.float32), np.empty((1, 1, vocab), np.float32))
+        assert rel_err(got, want) < (BOUND if fmt != "fp32" else 1e-5), n
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("fmt, dot", [("fp32", "fp32")] + [(f, "fp32") for f in STORED] + [("int8", "int8"),
                                                                                         ("int4", "int8"),
