@@ -12,10 +12,11 @@ One compiled call (``head_parallel``, or ``head_serial`` with the same sums) run
      HEAD_PANELS column panels: tiles.py).  At GPT-2's size E^T is far past every cache:
      each row block streams all of it once, so the row blocks are large, and the panels
      are grouped so that gemm_panels prefetches the next panel's slice while one is in
-     use.  With one row block (a decode step, the last rows' logits) a thread's share of
-     the panels is one task: Numba's prange hands each thread a contiguous share anyway,
-     and a call per group rounded a stored head's inputs again and restarted the stream
-     (docs/perf-log.md).
+     use.  With one row (a decode step, the last row's logits: a GEMV) a thread's share
+     of the panels is one task: Numba's prange hands each thread a contiguous share
+     anyway, and a call per group rounded a stored head's input again and restarted the
+     stream; with more rows the groups stay, which keep a group's panels in L2 while the
+     row tiles pass (docs/perf-log.md).
 
 Each logit is written by exactly one task, with a fixed summation order (k blocks of KC),
 so the result does not depend on the schedule.
@@ -64,7 +65,7 @@ def _head(X, rows, d, P, eps, Ep, vocab, out, in_place, nthr):
     npn = panels(vocab, NR)
     nrb = ceil_div(rows, HEAD_ROWS)
     mc = ceil_div(rows, nrb)            # equal row blocks: 600 rows are 2 x 300, not 512 + 88
-    per = HEAD_PANELS if nrb > 1 else ceil_div(npn, nthr)       # one row block: a task a thread
+    per = HEAD_PANELS if rows > 1 else ceil_div(npn, nthr)      # one row: a task a thread
     groups = ceil_div(npn, per)
     for t in prange(nrb * groups):
         r0 = (t // groups) * mc

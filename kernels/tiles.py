@@ -86,7 +86,7 @@ DIRECT_MAX = 8192   # attention runs per query without tiles (attention_rows_dir
 
 HEAD_ROWS = 512     # rows per head task at most: the A slice (HEAD_ROWS x KC) and the C
                     # panel stay in L2 while a panel's slices pass
-HEAD_PANELS = 8     # column panels per head task of several row blocks: groups large
+HEAD_PANELS = 8     # column panels per head task of more than one row: groups large
                     # enough for gemm_panels to prefetch the next panel's slice
 
 # ----------------------------------------------------------------------------- checks
