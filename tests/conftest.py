@@ -65,28 +65,49 @@ def rng():
     return np.random.default_rng(20261129)
 
 
-def near_an_int8_tie(X) -> bool:
-    """Whether an input of X (..., d) lies so near a tie of dot "int8"'s rounding (blocks of
-    32, step max|x| / 127: tblock.formats.round_inputs) that float32's last bits, where the
-    oracle has float64's, can round it the other way: within 5e-7 |x / step| of a half
-    step (a few float32 ulps of x and of the block's maximum).  Such a flip in the rows
-    the QKV projection reads moves every later row through attention, past a bound meant
-    for float32's rounding alone."""
+def _int8_ties(X, rel, atol=1e-7) -> np.ndarray:
+    """(rows, d / 32) bool: whether a block of 32 of X (..., d) holds an input within
+    rel |x / step| + atol steps of a half step of dot "int8"'s rounding (step max|x| / 127:
+    tblock.formats.round_inputs)."""
+    d = np.shape(X)[-1]
     x = np.asarray(X, np.float64).reshape(-1, tblock.formats.QBLOCK)
     amax = np.abs(x).max(axis=-1, keepdims=True)
     s = x * (127 / np.where(amax > 0, amax, 1))
-    return bool((np.abs(np.abs(s - np.floor(s)) - 0.5) <= 5e-7 * np.abs(s) + 1e-7).any())
+    near = (np.abs(np.abs(s - np.floor(s)) - 0.5) <= rel * np.abs(s) + atol).any(axis=-1)
+    return near.reshape(-1, d // tblock.formats.QBLOCK)
 
 
-def near_the_rounded_oracle(got, want, tie=False) -> bool:
+def near_an_int8_tie(X) -> bool:
+    """Whether an input of X (..., d) lies so near a tie of dot "int8"'s rounding that
+    float32's last bits, where the oracle has float64's, can round it the other way:
+    within 5e-7 |x / step| of a half step (a few float32 ulps of x and of the block's
+    maximum).  Such a flip in the rows the QKV projection reads moves every later row
+    through attention, past a bound meant for float32's rounding alone."""
+    return bool(_int8_ties(X, 5e-7).any())
+
+
+def rows_near_an_int8_tie(trace, pre: bool) -> np.ndarray:
+    """(B*T,) bool: the rows whose own rounded inputs after attention lie near an int8 tie:
+    W_O's (out_concat), the FFN's (LN2's rows; Post-LN: H_mid) and W_2's (F_post).  They
+    come through float32 attention and activations, which put them up to 8e-5 of a step
+    from the oracle's (measured: 12 blocks, d 32-96), so the window is 1e-4 of a step; a
+    flip there moves only its own row, which at T = 1 or 2 is half the outputs or more."""
+    ffn_in = trace.H_norm2 if pre else trace.H_mid
+    return (_int8_ties(trace.out_concat, 0, 1e-4).any(axis=1) | _int8_ties(ffn_in, 0, 1e-4).any(axis=1)
+            | _int8_ties(trace.F_post, 0, 1e-4).any(axis=1))
+
+
+def near_the_rounded_oracle(got, want, tie=False, rows=None) -> bool:
     """The block's bound with inputs rounded (dot "int8" or "bf16"): numba's float32
     LayerNorm and attention differ from the oracle's float64 in the last bits, so an input
     that lies at a rounding tie may round one step the other way there; most outputs still
     agree to float32's accuracy (unless such an input is in a row the QKV projection reads:
-    tie, near_an_int8_tie), and every one within a few such steps."""
+    tie, near_an_int8_tie), and every one within a few such steps.  rows: (B*T,) bool, rows
+    left out of the median (rows_near_an_int8_tie)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     err = np.abs(got - want) / np.abs(want).max()
-    return (tie or np.median(err) < 2e-6) and err.max() < 5e-2
+    kept = err if rows is None else err.reshape(rows.size, -1)[~rows]
+    return (tie or kept.size == 0 or np.median(kept) < 2e-6) and err.max() < 5e-2
 
 
 def rel_err(got, want) -> float:

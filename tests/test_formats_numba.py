@@ -127,13 +127,13 @@ def test_stored_head_matches_the_reference(fmt, rng):
 @pytest.mark.parametrize("fmt", ("fp32",) + STORED)
 def test_parallel_head_of_one_row_matches_the_reference(fmt, rng):
     """A head large enough for the parallel build over one row (a decode step's), where
-    each thread takes its share of the column panels as one task: a vocabulary of an odd
-    count of panels, the last ragged, so the shares differ and one ends mid-panel."""
+    each thread takes its share of the column panels as one task: an odd count of panels
+    (1025 of 16 columns, 2049 of 8, 4097 of 4), so the two shares differ, the last ragged."""
     from tblock.backends import reference_lm_head
     from tblock.backends.numba import lm_head, prepare_head
     from tblock.backends.numba.lm import head_is_large
 
-    vocab, d = 16 * 1025 + 11, 64
+    vocab, d = 8 * 2049 - 5, 64
     assert head_is_large(1, (vocab, d))
     E = rng.standard_normal((vocab, d)).astype(np.float32)
     if fmt != "fp32":
