@@ -40,7 +40,9 @@ An engine whose converter does not take a model is listed under "not measured" w
 Measured, one run, medians:
   decode    ms per new token after a --context-token prompt (128): the prompt goes in untimed,
             then --gen greedy steps are timed together (tokens at positions 128 .. 128+gen-1),
-            one sample per run.  llama.cpp: llama-bench -p 0 -n GEN -d CONTEXT (its -d fills the
+            one sample per run.  tblock: as generate takes them at temperature 0, the first
+            step a next_logits call (it prepares the step for the caches), the others in one
+            compiled call (DecodeStep.greedy) where the backend has one.  llama.cpp: llama-bench -p 0 -n GEN -d CONTEXT (its -d fills the
             cache with CONTEXT tokens untimed; its steps feed random tokens, no sampling).
   prefill   ms for --prefill tokens (512) into an empty cache up to the last row's logits.
             tblock: next_logits (the head on the last row only); transformers: logits_to_keep=1;
@@ -151,16 +153,21 @@ def tblock_rows(ctx) -> list:
         first = m.next_logits(ctx.prompt, cache, backend, out=buf)
         logits = buf[0].copy()
         start = int(first.argmax())
-        tok = np.empty(1, np.int64)
+        toks = np.empty((1, ctx.args.gen + 1), np.int64)
 
         def decode():
             for c in cache:
                 c.length = ctx.args.context
-            tok[0] = start
+            toks[0, 0] = start
             t = time.perf_counter()
-            for _ in range(ctx.args.gen):
-                m.next_logits(tok, cache, backend, out=buf)
-                tok[0] = buf[0].argmax()
+            done = 0
+            while done < ctx.args.gen:
+                step = m.prepared_step
+                k = 0 if step is None else step.greedy(cache, toks, done + 1, ctx.args.gen - done)
+                if k == 0:
+                    m.next_logits(toks[0, done:done + 1], cache, backend, out=buf)
+                    toks[0, done + 1], k = buf[0].argmax(), 1
+                done += k
             return (time.perf_counter() - t) / ctx.args.gen
 
         long_cache = m.make_cache(len(ctx.long), format=kv)

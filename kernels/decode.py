@@ -16,12 +16,18 @@ The stack is kernels.block's cached build and the head kernels.lm_head's, reache
 their addresses (both are standalone kernels), so this body compiles in moments and the
 step's sums are exactly those of the two calls made one after the other.
 
+``greedy_steps`` takes many such steps in one call, each feeding the token the last one
+chose (the argmax): a greedy generation's loop, where the Python between two steps,
+run with the caches cold, costs a visible part of a step (docs/perf-log.md).
+
 A ragged step (the cache argument's seqs not empty: kernels.block._cached) runs one token
 for each of B of the caches' sequences, each at its own position: sequence b is the
 caches' sequence seqs[2b] after seqs[2b + 1] tokens, and P's row is its own.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .block import cached_parallel, cached_serial, ragged_pairs
 from .lm_head import head_parallel, head_serial
@@ -74,3 +80,36 @@ def decode_step(embed, Wf, cfg, cache, head, logits, parallel, nthr):
     else:
         head_serial(X, B, d, ln_f, eps_f, Ep, vocab, logits, True, 1)
     return -1
+
+
+@kernel
+def greedy_steps(embed, Wf, cfg, cache, head, logits, run, parallel, nthr):
+    """run = (out, col, n, eos, done): n decode_step calls, each on the tokens the last one
+    chose.  out (B, W) int64: column col - 1 holds the tokens fed first, and the tokens
+    chosen go to columns col, col + 1, ...: each row's first largest logit (numpy's
+    argmax).  eos >= 0: a sequence that has chosen eos (done[b]) emits it from then on,
+    and the run ends once every one has; -1: none.  The other arguments are
+    decode_step's, cache[2] the position of the first step (a uniform step's cache
+    argument).  Returns (steps taken, -1), or (i, decode_step's code) when step i wrote
+    nothing (a bad token or block input)."""
+    out, col, n, eos, done = run
+    ids, vocab = embed[0], head[3]
+    K, V, past, max_T, layers, plan, work = cache
+    for i in range(n):
+        for b in range(ids.size):
+            ids[b] = out[b, col + i - 1]
+        code = decode_step(embed, Wf, cfg, (K, V, past + i, max_T, layers, plan, work), head, logits,
+                           parallel, nthr)
+        if code != -1:
+            return i, code
+        finished = eos >= 0
+        for b in range(ids.size):
+            tok = np.argmax(logits[b * vocab:(b + 1) * vocab])
+            if eos >= 0:
+                tok = eos if done[b] else tok
+                done[b] = tok == eos
+                finished = finished and done[b]
+            out[b, col + i] = tok
+        if finished:
+            return i + 1, -1
+    return n, -1

@@ -405,7 +405,7 @@ class CausalLM:
         The prompt runs through the blocks as one chunk, then each token is one cached step,
         over KV caches in ``cache_format`` (make_cache's ``format``: "fp32", "bf16", "int8")."""
         out, T, steps = self._start(ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend,
-                                    cache_format)
+                                    cache_format, bulk=True)
         n = 0
         for n in steps:
             pass
@@ -424,9 +424,11 @@ class CausalLM:
             return (out[:, T + n - 1].copy() for n in steps)
         return (int(out[0, T + n - 1]) for n in steps)
 
-    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend, cache_format):
+    def _start(self, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, backend, cache_format,
+               bulk=False):
         """Every argument checked, the output buffer (B, T + max_new_tokens) holding the prompt,
-        and the decoding loop (not started): (out, T, steps)."""
+        and the decoding loop (not started): (out, T, steps).  bulk: no caller sees the
+        tokens one by one, so greedy steps may run many to a call."""
         ids2 = self.check_ids(ids)
         B, T = ids2.shape
         name = self.cached_backend(backend)
@@ -448,27 +450,35 @@ class CausalLM:
                 return draw(next_token_probs(logits, temperature, top_k, top_p), rng)
         out = np.empty((B, T + max_new), dtype=np.int64)    # prompt + new tokens, allocated once
         out[:, :T] = ids2
-        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name, cache_format)
+        greedy = bulk and temperature == 0.0
+        return out, T, self._decode(out, T, max_new, pick, eos_token_id, name, cache_format, greedy)
 
-    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str, cache_format: str):
-        """The decoding loop: fills out[:, T + n] for n = 0, 1, ... and yields n + 1 after
-        each.  The prompt out[:, :T] is one chunk through the blocks; every later step feeds
-        the token just chosen.  Caches and logits are allocated once, before the loop."""
+    def _decode(self, out: np.ndarray, T: int, max_new: int, pick, eos: int | None, backend: str, cache_format: str,
+                greedy: bool = False):
+        """The decoding loop: fills out[:, T + n] for n = 0, 1, ... and yields the tokens
+        filled after each step.  The prompt out[:, :T] is one chunk through the blocks;
+        every later step feeds the token just chosen.  Caches and logits are allocated once,
+        before the loop.  greedy: the argmax tokens, whose steps the backend's prepared
+        step may take many to a call (DecodeStep.greedy)."""
         if max_new == 0:
             return
-        B = out.shape[0]
+        B, n = out.shape[0], 0
         cache = self.make_cache(T + max_new - 1, B, cache_format)     # the last new token is never fed back
         logits = np.empty((B, self.vocab_size), dtype=self.dtype)
         done = np.zeros(B, dtype=bool)
         chunk = out[:, :T]                  # (B, T): the prompt, then (B, 1) per step
-        for n in range(max_new):
+        while n < max_new:
             self.next_logits(chunk, cache, backend, out=logits)
             tok = pick(logits)              # (B,)
             if eos is not None:
                 tok = np.where(done, eos, tok)      # a finished sequence keeps emitting eos
                 done |= tok == eos
             out[:, T + n] = tok
-            yield n + 1
+            n += 1
+            if (greedy and n < max_new and not (eos is not None and done.all()) and self._step is not None
+                    and self._step_backend == backend):
+                n += self._step.greedy(cache, out, T + n, max_new - n, -1 if eos is None else eos, done)
+            yield n
             if eos is not None and done.all():
                 return
-            chunk = out[:, T + n:T + n + 1]
+            chunk = out[:, T + n - 1:T + n]

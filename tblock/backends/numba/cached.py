@@ -17,7 +17,7 @@ from ... import _runtime
 from ...config import BlockConfig
 from ...formats import QuantizedMatrix
 from ...kernels.block import PLAN_COLS, PLAN_ROWS, cached_parallel, cached_serial
-from ...kernels.decode import decode_step
+from ...kernels.decode import decode_step, greedy_steps
 from .lm import head_is_large, head_norm
 from .packing import cached_flops, make_plan, packed_addresses, plan_of
 from .parallel import is_serial, parallel_call
@@ -133,16 +133,12 @@ class DecodeStep:
         the caller's checked path then computes the step or raises the error."""
         B = self.batch
         if (not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu"
-                or ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None)
-                or not isinstance(caches, (list, tuple)) or len(caches) != len(self.caches)):
+                or ids.shape != ((B, 1) if ids.ndim == 2 else (1,) if B == 1 else None)):
             return None
-        for mine, theirs in zip(self.caches, caches):
-            if mine() is not theirs:
-                return None
+        if not self._matches(caches, 1):
+            return None
         c0 = caches[0]
         past = c0.length
-        if past + 1 > self.max_T or any(c.length != past for c in caches):
-            return None
         if out is None:
             out = np.empty((B, self.vocab), dtype=self.dtype)
         elif (not isinstance(out, np.ndarray) or out.shape != (B, self.vocab) or out.dtype != self.dtype
@@ -155,24 +151,78 @@ class DecodeStep:
             c.length = past + 1
         return out if ids.ndim == 2 else out[0]
 
+    def _matches(self, caches, n: int) -> bool:
+        """Whether caches is the list this step was prepared for, every cache at one
+        length with room for n more tokens."""
+        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.caches):
+            return False
+        if any(mine() is not theirs for mine, theirs in zip(self.caches, caches)):
+            return False
+        past = caches[0].length
+        return past + n <= self.max_T and all(c.length == past for c in caches)
+
     def _run(self, c0, past: int, logits: np.ndarray, n: int, seqs: np.ndarray) -> int:
         """kernels.decode.decode_step of self.ids[:n] at position ``past`` (seqs: a ragged
         step's [slot, past] pairs, past their largest; None: uniform, a cache argument of
         the fields it had before ragged steps) into logits (n * vocab, flat): its code (-1:
         done)."""
-        # sized as run_cached and lm_head size their calls: the same builds, the same sums
-        stack = not is_serial(cached_flops(n, 1, past, self.per_row, self.per_key))
-        head = self.head_parallel and _runtime.parallel_allowed()
         cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
         if seqs is not None:
             cache += (seqs,)
         embed = self._embed
         if n != self.batch:
             embed = (self.ids[:n], embed[1], embed[2], self.H[:n])
-        args = (embed,) + self._stack + (cache, self._head, logits, (stack, head))
+        return self._call(decode_step, (embed,) + self._stack + (cache, self._head, logits), n, past)
+
+    def _call(self, kernel, args: tuple, n: int, past: int):
+        """kernel(*args, builds, nthr), the builds of the stack and the head sized
+        as run_cached and lm_head size their calls (the same builds, the same sums) for n
+        rows at position past."""
+        stack = self._stack_parallel(n, past)
+        head = self.head_parallel and _runtime.parallel_allowed()
         if stack or head:
-            return parallel_call(decode_step, *args, pass_threads=True)
-        return decode_step(*args, 1)
+            return parallel_call(kernel, *args, (stack, head), pass_threads=True)
+        return kernel(*args, (stack, head), 1)
+
+    def _stack_parallel(self, n: int, past: int) -> bool:
+        return not is_serial(cached_flops(n, 1, past, self.per_row, self.per_key))
+
+    def greedy(self, caches, out: np.ndarray, col: int, n: int, eos: int = -1, done=None) -> int:
+        """Up to n greedy steps after the caches' tokens in one compiled call
+        (kernels.decode.greedy_steps): step i feeds out[:, col + i - 1] and writes the
+        argmax of its logits to out[:, col + i].  out: (batch, W) C-contiguous int64;
+        eos >= 0: a sequence whose done[b] is set, or that chooses eos, emits eos from then
+        on (done (batch,) bool, updated), and the run stops once all have.  Returns the
+        steps taken, each cache advanced by as many; fewer than n when all are done, or
+        when a step's token or a block's input is bad (the caller's checked step then
+        says which); 0, nothing changed, when the call is not one this step was prepared
+        for (other caches, lengths apart, no room, out or done of another kind)."""
+        B = self.batch
+        if done is None:
+            done = np.zeros(B, dtype=bool)
+        if (not isinstance(out, np.ndarray) or out.dtype != np.int64 or out.ndim != 2 or out.shape[0] != B
+                or not out.flags.c_contiguous or not out.flags.writeable or not 1 <= col <= col + n <= out.shape[1]
+                or not isinstance(done, np.ndarray) or done.dtype != bool or done.shape != (B,)
+                or not -1 <= eos < self.vocab or not self._matches(caches, n)):
+            return 0
+        c0 = caches[0]
+        past, taken = c0.length, 0
+        logits = np.empty(B * self.vocab, dtype=self.dtype)
+        while taken < n:
+            # a run of steps on one build of the stack (the serial one for short caches)
+            stack, k = self._stack_parallel(B, past + taken), 1
+            while taken + k < n and self._stack_parallel(B, past + taken + k) == stack:
+                k += 1
+            cache = (c0.K.reshape(-1), c0.V.reshape(-1), past + taken) + self._cache + (c0.work,)
+            run = (out, col + taken, k, eos, done)
+            steps, code = self._call(greedy_steps, (self._embed,) + self._stack + (cache, self._head, logits, run),
+                                     B, past + taken)
+            taken += steps
+            for c in caches:
+                c.length = past + taken
+            if code != -1 or steps < k:
+                break
+        return taken
 
     def ragged(self, ids, slots, pasts, out=None):
         """One token for each of n <= batch of the caches' sequences, each at its own length:
