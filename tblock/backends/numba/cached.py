@@ -166,13 +166,17 @@ class DecodeStep:
         step's [slot, past] pairs, past their largest; None: uniform, a cache argument of
         the fields it had before ragged steps) into logits (n * vocab, flat): its code (-1:
         done)."""
-        cache = (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
+        cache = self._cache_arg(c0, past)
         if seqs is not None:
             cache += (seqs,)
         embed = self._embed
         if n != self.batch:
             embed = (self.ids[:n], embed[1], embed[2], self.H[:n])
         return self._call(decode_step, (embed,) + self._stack + (cache, self._head, logits), n, past)
+
+    def _cache_arg(self, c0, past: int) -> tuple:
+        """decode_step's cache argument of a uniform step at position past (c0: the first cache)."""
+        return (c0.K.reshape(-1), c0.V.reshape(-1), past) + self._cache + (c0.work,)
 
     def _call(self, kernel, args: tuple, n: int, past: int):
         """kernel(*args, builds, nthr), the builds of the stack and the head sized
@@ -185,6 +189,7 @@ class DecodeStep:
         return kernel(*args, (stack, head), 1)
 
     def _stack_parallel(self, n: int, past: int) -> bool:
+        """Whether a step of n rows at position past runs the stack's parallel build."""
         return not is_serial(cached_flops(n, 1, past, self.per_row, self.per_key))
 
     def greedy(self, caches, out: np.ndarray, col: int, n: int, eos: int = -1, done=None) -> int:
@@ -213,10 +218,9 @@ class DecodeStep:
             stack, k = self._stack_parallel(B, past + taken), 1
             while taken + k < n and self._stack_parallel(B, past + taken + k) == stack:
                 k += 1
-            cache = (c0.K.reshape(-1), c0.V.reshape(-1), past + taken) + self._cache + (c0.work,)
             run = (out, col + taken, k, eos, done)
-            steps, code = self._call(greedy_steps, (self._embed,) + self._stack + (cache, self._head, logits, run),
-                                     B, past + taken)
+            steps, code = self._call(greedy_steps, (self._embed,) + self._stack
+                                     + (self._cache_arg(c0, past + taken), self._head, logits, run), B, past + taken)
             taken += steps
             for c in caches:
                 c.length = past + taken
