@@ -42,8 +42,9 @@ Measured, one run, medians:
             then --gen greedy steps are timed together (tokens at positions 128 .. 128+gen-1),
             one sample per run.  tblock: as generate takes them at temperature 0, the first
             step a next_logits call (it prepares the step for the caches), the others in one
-            compiled call (DecodeStep.greedy) where the backend has one.  llama.cpp: llama-bench -p 0 -n GEN -d CONTEXT (its -d fills the
-            cache with CONTEXT tokens untimed; its steps feed random tokens, no sampling).
+            compiled call (DecodeStep.greedy) where the backend has one.  llama.cpp:
+            llama-bench -p 0 -n GEN -d CONTEXT (its -d fills the cache with CONTEXT tokens
+            untimed; its steps feed random tokens, no sampling).
   prefill   ms for --prefill tokens (512) into an empty cache up to the last row's logits.
             tblock: next_logits (the head on the last row only); transformers: logits_to_keep=1;
             llama.cpp: llama-bench -p 512 -n 0 (logits of the last token); CTranslate2:
