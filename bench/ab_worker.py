@@ -36,6 +36,16 @@ def _configs():
     yield "long", C(d_model=96, n_heads=2, causal=True), 1, 300
 
 
+def _stored_configs():
+    """More (name, cfg, B, T) for the stored formats: the gated, grouped, rotary block split
+    by columns, and more rows than the threads' share of split tasks (FFN by row tiles)."""
+    C = tblock.BlockConfig
+    yield "llama", C(d_model=128, n_heads=4, n_kv_heads=2, norm_type="rmsnorm", ffn="gated", activation="silu",
+                     positions="rotary", d_ff=224, ln_affine=True), 1, 70
+    yield "many-rows", C(d_model=384, n_heads=6, ffn_bias=True, ln_affine=True, attn_bias=True), 2, 300
+    yield "post-many", C(d_model=64, n_heads=4, norm="post", ffn_bias=True, ln_affine=True), 3, 200
+
+
 def _weights(cfg, seed, dtype):
     """Random weights with every present bias and affine perturbed (not the identity)."""
     w = tblock.init_weights(cfg, seed=seed, dtype=dtype)
@@ -94,7 +104,7 @@ def outputs() -> dict[str, np.ndarray]:
         out[f"gpt2/{dn}/greedy"] = model.generate(ids[None], 12, temperature=0)
         out[f"gpt2/{dn}/sampled"] = model.generate(ids[None], 12, temperature=0.8, top_k=20, seed=5)
     for fmt, dot in STORED:
-        for i, (name, cfg, B, T) in enumerate(_configs()):
+        for i, (name, cfg, B, T) in enumerate(list(_configs()) + list(_stored_configs())):
             if cfg.d_model % 32 == 0 and cfg.d_ff % 32 == 0:    # 8- and 4-bit blocks: 32 inputs
                 w = tblock.quantize(_weights(cfg, i, np.float32), fmt, dot=dot)
                 H = np.random.default_rng(i).standard_normal((B, T, cfg.d_model)).astype(np.float32)

@@ -23,7 +23,8 @@ Layout (records: Rows, Panels, Tile, in uint32 units for the packed operands)
     zero past K and past N; a band of k rows starts at an even k.
   * A: rounded into a scratch of bf16 pairs (pack_pairs), one uint32 per (row, k pair),
     rows of whole vectors (pair_stride): the micro-kernel broadcasts one pair per row.
-    bgemm_rows rounds all rows once; bgemm_panels, a task's rows for itself.
+    bgemm_rows rounds all rows once; bgemm_panels, a task's rows for itself; the block's
+    stages round a stage's rows once for all of its tasks (wgemm.pair_rows).
   * C, bias: float32; only the valid m x n corner of a micro-tile is written; the bias is
     read as whole panels (padded as layout.bias_len pads it).
 
@@ -353,6 +354,16 @@ def micro_kernel(Ap, a, Bp, b, C, c, mnk, accumulate, bias, bias_off):
         _put_row(C, c_off + 5 * ldc, n, accumulate, c5)
 
 
+@kernel(internal=True)
+def tile_rows(left):
+    """Rows of the next micro-tile with ``left`` rows to go: ROWS, but the last eight as two
+    of four (a six, then a two in the four-row loop, did ten rows' dots for eight: T =
+    128); the sums are the same in any loop."""
+    if ROWS == MR and left == MR + 2:
+        return 4
+    return min(ROWS, left)
+
+
 @kernel(readonly=("Ap", "Bp", "bias"), standalone=True)
 def bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off):
     """C[tile] (+)= [bias +] A[rows of tile] @ B, serially, with A already in pairs: row i
@@ -371,10 +382,12 @@ def bgemm_packed(Ap, ap, Bp, b, C, c, tile, accumulate, bias, bias_off):
             acc = accumulate or kc0 > 0
             bo = bias_off + p * NR if bias_off >= 0 and kc0 == 0 else -1
             pb = Rows(b.off + p * b.ld + kc0 * NR, NR)
-            for i in range(i0, i1, ROWS):
+            i = i0
+            while i < i1:
+                m = tile_rows(i1 - i)
                 micro_kernel(Ap, Rows(ap.off + i * ap.ld + kc0, ap.ld), Bp, pb, C,
-                             Rows(c.off + i * c.ld + p * NR, c.ld),
-                             (min(ROWS, i1 - i), n, min(KCP, KP - kc0)), acc, bias, bo)
+                             Rows(c.off + i * c.ld + p * NR, c.ld), (m, n, min(KCP, KP - kc0)), acc, bias, bo)
+                i += m
 
 
 @kernel(readonly=("A", "Bp", "bias"), standalone=True)

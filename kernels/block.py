@@ -66,6 +66,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
+from .ffn import ffn_pairs
 from .layout import ceil_div, ffn_cols, panel_groups, panels, rows_per_task, stage_grid, take, take_f64, up16
 from .options import borrowed, borrowed_at, build, finished, keep_alive, kernel, wait_for
 from .records import Attend, Cache, Dims, Grid, Output, Scratch, with_part
@@ -78,7 +79,7 @@ from .tasks import (ATTEND, ATTEND_CACHED, ATTEND_DIRECT, CACHE_FIRST, CACHE_NEW
                     inline_new_rows, next_task, output_stages_task, plan_stage, qkv_panels)
 from .tiles import BQ, DIRECT_MAX, MC, MF, MR, TASK_PANELS
 from .validate import all_finite_flat
-from .wgemm import as_weights, borrow, floats, weights_at
+from .wgemm import as_weights, borrow, floats, pair_rows, weights_at
 
 
 @kernel(parallel=True)
@@ -187,11 +188,14 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
     # rows for the threads)
     mc, groups, ntasks = stage_grid(rows, qkv_panels(dims, NR), MC, nthr, TASK_PANELS)
     X, ln_in_task = H, dims.pre_ln
+    xp = none = work[:0].view(np.uint32)    # no bf16 pairs: an empty view, no allocation
     if dims.pre_ln and (groups > 4 or arena):
         # many column tasks per row block: LN1 once, in a stage of its own, rather than
         # in every task (each task of a group of four redoes its rows' LN1; a task's
         # own LN1 rows would be scratch of its own)
         X, pos = take(work, pos, rows * d)
+        if not arena:                   # and as bf16 pairs where the products take them
+            xp, _ = pair_rows(Wf, rows, d, none)
         n = plan_stage(plan, n, LN1, nthr)
         ln_in_task = False
     n = plan_stage(plan, n, QKV, ntasks)
@@ -230,7 +234,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
     Hb, Wb = borrowed(H), borrow(Wf)
     grid = Grid(nthr, mc, groups)
     attend = Attend(borrowed(X), ln_in_task, borrowed(q), ldq, borrowed(kt), borrowed(vp), not direct, borrowed(srow),
-                    borrowed(work), a_pos, borrowed(scratch.rope))
+                    borrowed(work), a_pos, borrowed(scratch.rope), borrowed(xp))
     kv = borrowed_cache(cache)
     # one row tile (a decode step): every stage streams weights, each thread a run of
     # neighbouring panels (next_task); more rows: one counter, attention's tasks head by head
@@ -243,7 +247,9 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
         # out before the region, which at these sizes adds little to the peak of memory
         out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, few)
         grid2 = Grid(nthr, mc2, groups2)    # built here: a prange loop takes no record unpacked from a tuple
-        output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
+        xnp, hidp = ffn_pairs(Wf, dims, rows if xn.size > 0 and not arena else 0, none)
+        output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu),
+                        borrowed(xnp), borrowed(hidp))
         for s in range(PLAN_ROWS):
             plan[s, 2] = plan[s, 3] = plan[s, 4] = 0
         for w in prange(nthr):
@@ -261,7 +267,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
                     finished(plan, s, 4, nthr)
                     t = next_task(plan, s, w, halves, nthr)
                 wait_for(plan, s, 4, plan[s, 1])
-        keep_alive(X, kt, vp, srow, q, out, xn, hid, gu, plan, work, scratch.rope)
+        keep_alive(X, kt, vp, srow, q, out, xn, hid, gu, plan, work, scratch.rope, xp, xnp, hidp)
         return out.reshape((nseq, T, d))
     for s in range(n):
         plan[s, 2] = plan[s, 3] = 0
@@ -270,13 +276,15 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
             while t < plan[s, 1]:
                 attention_stages_task(plan[s, 0], t, Hb, Wb, dims, grid, attend, kv, few)
                 t = next_task(plan, s, w, halves, nthr)
-    keep_alive(X, kt, vp, srow, scratch.rope)
+    keep_alive(X, kt, vp, srow, scratch.rope, xp)
 
     # 3-4: W_O and the FFN.  The output is allocated only now, after the packed K and V
     # are freed, which keeps them off the peak of memory at long T
     out, xn, hid, ldh, mc2, groups2, mf, n2, gu = output_plan(dims, scratch, rows, pos, nthr, few)
     grid2 = Grid(nthr, mc2, groups2)
-    output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu))
+    xnp, hidp = ffn_pairs(Wf, dims, rows if xn.size > 0 and not arena else 0, none)
+    output = Output(borrowed(q), ldq, borrowed(out), borrowed(xn), borrowed(hid), ldh, mf, borrowed(gu),
+                    borrowed(xnp), borrowed(hidp))
     for s in range(HALF, n2):
         plan[s, 2] = plan[s, 3] = 0
         for w in prange(min(nthr, plan[s, 1])):
@@ -284,7 +292,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
             while t < plan[s, 1]:
                 output_stages_task(plan[s, 0], t, Hb, Wb, dims, grid2, output, few)
                 t = next_task(plan, s, w, halves, nthr)
-    keep_alive(q, out, xn, hid, gu, plan, work)
+    keep_alive(q, out, xn, hid, gu, plan, work, xnp, hidp)
     return out.reshape((nseq, T, d))
 
 

@@ -3,6 +3,7 @@
     ffn_tile        the FFN of a row tile, FF_CHUNK hidden columns at a time
     ffn_rows_task   a row tile's norms, residual and FFN fused (many rows)
     ffn_input_task, ffn_up_task, ffn_down_task   the FFN split by columns (few rows)
+    ffn_pairs       their inputs' room as bf16 pairs, rounded once (dot "bf16")
 
 The FFN is act(X W_1 + b1) W_2 + b2, or gated (dims.gated): (act(X W_gate + b_gate) *
 (X W_1 + b1)) W_2 + b2.  The gated FFN's W_gate and W_1 are one packed matrix of
@@ -17,14 +18,15 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import bias_act_rows, gated_rows_if_gated
+from .bgemm import pair_stride
 from .layernorm import layernorm_rows
 from .layout import block_layout, ffn_cols, norm_offsets, panels, row_piece
 from .options import borrowed, keep_alive, kernel
-from .records import Panels, Rows, Tile
+from .records import Pairs, Panels, Rows, Tile
 from .simd import panel_lanes
 from .stages import copy_add, layernorm_piece
 from .tiles import FF_CHUNK
-from .wgemm import floats, wgemm_block, wgemm_panels
+from .wgemm import floats, pair_rows, round_pairs, wgemm_block, wgemm_panels
 
 
 @kernel(readonly=("X", "Wf"), standalone=True)
@@ -58,23 +60,34 @@ def ffn_tile(X, x_off, m, dims, Wf, out, out_off, residual):
             copy_add(out, out_off + r * d, out, out_off + r * d, d, floats(Wf), o_b2, True)
         else:
             copy_add(floats(Wf), o_b2, out, out_off + r * d, d, floats(Wf), 0, False)
+    # X's rows as the chunks' products take them, rounded once rather than once a chunk
+    own_p, ldp = pair_rows(Wf, m, d, own[:0].view(np.uint32))
+    round_pairs(Wf, X, Rows(x_off, d), m, d, own_p, Rows(0, ldp))
+    Xp = Pairs(X, borrowed(own_p), ldp, x_off // d)
     for c0 in range(0, dff, ch):
         cw = min(ch, dff - c0)
         if dims.gated:
             # gu = X @ [gate | up] panel pairs of hidden panels c0/NR.. (+ their biases),
             # written from column 0; then hid[:, 0:cw] = act(gate) * up
-            wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, n1), gu, Rows(-2 * c0, ldg),
+            wgemm_block(Xp, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, n1), gu, Rows(-2 * c0, ldg),
                         Tile(0, m, 2 * (c0 // NR), 2 * panels(c0 + cw, NR)), False, o_b1)
             gated_rows_if_gated(gu, 0, ldg, m, cw, hid, 0, ldh, dims)
         else:
             # hid[:, 0:cw] = X @ W_1[:, c0:c0+cw]: panels c0/NR.. of W_1, written at column p*NR - c0
-            wgemm_block(X, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
+            wgemm_block(Xp, Rows(x_off, d), Wf, Panels(o_1, d * NR, d, dff), hid, Rows(-c0, ldh),
                         Tile(0, m, c0 // NR, panels(c0 + cw, NR)), False, -1)
             bias_act_rows(hid, 0, ldh, m, cw, floats(Wf), o_b1 + c0, dims.act)
         # out += hid[:, 0:cw] @ W_2[c0:c0+cw, :]: the band of rows c0.. of every W_2 panel
         wgemm_panels(hid, Rows(0, ldh), Wf, Panels(o_2 + c0 * NR, dff * NR, cw, d), out, Rows(out_off, d),
                      Tile(0, m, 0, panels(d, NR)), True, -1)
-    keep_alive(own, own_g)
+    keep_alive(own, own_g, own_p)
+
+
+@kernel(internal=True, inline="always")
+def ffn_pairs(Wf, dims, rows, none):
+    """Room for ``rows`` rows of the split stages' xn and hid as bf16 pairs (Output's xnp,
+    hidp) where Wf's products take them (wgemm.pair_rows), else none (empty, uint32)."""
+    return pair_rows(Wf, rows, dims.d, none)[0], pair_rows(Wf, rows, dims.dff, none)[0]
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -87,15 +100,18 @@ def ffn_up_task(Wf, dims, rows, bufs, p0, p1):
     layout = block_layout(dims, NR)
     o_1, o_b1 = layout[2], layout[4]
     c0, c1 = p0 * NR, min(dff, p1 * NR)
+    xn = Pairs(bufs.xn, bufs.xnp, pair_stride(d), 0)
     if dims.gated:
         n1 = ffn_cols(dff, True, NR)
-        wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, n1), bufs.gu, Rows(0, n1),
+        wgemm_block(xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, n1), bufs.gu, Rows(0, n1),
                     Tile(0, rows, 2 * p0, 2 * p1), False, o_b1)
         gated_rows_if_gated(bufs.gu, 2 * c0, n1, rows, c1 - c0, bufs.hid, c0, bufs.ldh, dims)
-        return
-    wgemm_block(bufs.xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
-                Tile(0, rows, p0, p1), False, -1)
-    bias_act_rows(bufs.hid, c0, bufs.ldh, rows, c1 - c0, floats(Wf), o_b1 + c0, dims.act)
+    else:
+        wgemm_block(xn, Rows(0, d), Wf, Panels(o_1, d * NR, d, dff), bufs.hid, Rows(0, bufs.ldh),
+                    Tile(0, rows, p0, p1), False, -1)
+        bias_act_rows(bufs.hid, c0, bufs.ldh, rows, c1 - c0, floats(Wf), o_b1 + c0, dims.act)
+    # the panels' hidden columns as W_2's products take them, for every FFN_DOWN task
+    round_pairs(Wf, bufs.hid, Rows(c0, bufs.ldh), rows, c1 - c0, bufs.hidp, Rows(c0 // 2, pair_stride(dff)))
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -111,8 +127,9 @@ def ffn_down_task(Wf, dims, rows, bufs, p0, p1):
     n = min(d, p1 * NR) - c0
     for r in range(rows):
         copy_add(out, r * d + c0, out, r * d + c0, n, floats(Wf), o_b2 + c0, True)
-    wgemm_block(bufs.hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d),
-                Tile(0, rows, p0, p1), True, -1)
+    hid = Pairs(bufs.hid, bufs.hidp, pair_stride(dff), 0)
+    wgemm_block(hid, Rows(0, bufs.ldh), Wf, Panels(o_2, dff * NR, dff, d), out, Rows(0, d), Tile(0, rows, p0, p1),
+                True, -1)
 
 
 @kernel(readonly=("Wf",), standalone=True, internal=True)
@@ -124,8 +141,9 @@ def ffn_input_task(Wf, dims, t, pieces, rows, bufs):
     layout = block_layout(dims, panel_lanes(floats(Wf)))
     o_g, o_be = norm_offsets(layout, 2 if dims.pre_ln else 1, dims.rms)
     layernorm_piece(bufs.out, bufs.xn, t, pieces, rows, d, floats(Wf), o_g, o_be, dims.eps)
+    r0, r1 = row_piece(t, pieces, rows)
+    round_pairs(Wf, bufs.xn, Rows(r0 * d, d), r1 - r0, d, bufs.xnp, Rows(r0 * pair_stride(d), pair_stride(d)))
     if not dims.pre_ln:
-        r0, r1 = row_piece(t, pieces, rows)
         copy_add(bufs.xn, r0 * d, bufs.out, r0 * d, (r1 - r0) * d, floats(Wf), 0, False)
 
 

@@ -17,6 +17,10 @@ The GEMM's operands (gemm):
     Panels(off, ld, k, n)    a packed (k, n) matrix (gemm.pack_b's panels of NR columns):
                              row r of panel p at off + p*ld + r*NR
     Tile(i0, i1, p0, p1)     rows i0:i1 by the column panels p0:p1 of a GEMM's C
+    Pairs(x, p, ld, r0)      a GEMM's A as float rows x (addressed by a Rows), and rows r0..
+                             of them already rounded to bf16 pairs in p (uint32, ld apart:
+                             bgemm.pack_pairs), for a product over bf16 pair panels; p
+                             empty: not rounded, the product rounds x's rows itself
 
 One head's attention (attention):
 
@@ -79,6 +83,7 @@ from numba.extending import overload
 Rows = namedtuple("Rows", "off ld")
 Panels = namedtuple("Panels", "off ld k n")
 Tile = namedtuple("Tile", "i0 i1 p0 p1")
+Pairs = namedtuple("Pairs", "x p ld r0")
 
 Stored = namedtuple("Stored", "f q map dot")
 
@@ -95,13 +100,14 @@ Scratch = namedtuple("Scratch", "plan work slot dest rope")
 # each projection task computes LN1 of its rows itself; q, Q rows of stride ldq (with K and
 # V beside them when not packed); kt, vp, K^T and V packed per head when packed; srow,
 # float64 scratch of the untiled attention; work, w_pos, the attention tasks' tiles; rope, the
-# rotary table (Scratch's).
-Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos rope")
+# rotary table (Scratch's); xp, X's rows as bf16 pairs (wgemm.pair_rows; empty: none).
+Attend = namedtuple("Attend", "X ln q ldq kt vp packed srow work w_pos rope xp")
 # The output half (stages 3-4): q (ldq), the heads' outputs; out, the block's output; xn,
 # the FFN's input and hid (ldh) its hidden layer when the FFN is split by columns; mf, rows
 # per FFN task when it is not; gu, the gated FFN's [gate | up] panels of the split stages
-# (rows, ffn_cols), empty otherwise.
-Output = namedtuple("Output", "q ldq out xn hid ldh mf gu")
+# (rows, ffn_cols), empty otherwise; xnp, hidp, xn's and hid's rows as bf16 pairs
+# (wgemm.pair_rows; empty: none).
+Output = namedtuple("Output", "q ldq out xn hid ldh mf gu xnp hidp")
 
 
 def present(rec, name) -> bool:

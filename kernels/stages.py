@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_rows_direct, flash_rows, pack_kt, pack_rows
+from .bgemm import pair_stride
 from .layernorm import layernorm_rows
 from .layout import (block_layout, ceil_div, kt_len, norm_offsets, panels, qkv_parts, row_piece, take, take_f64,
                      up16, v_stride)
 from .options import borrowed, keep_alive, kernel
-from .records import KV, Att, FlashWork, Panels, Rows, Tile
+from .records import KV, Att, FlashWork, Pairs, Panels, Rows, Tile
 from .simd import lanes, panel_lanes, vadd, vload_n, vsplat, vstore_n
 from .tiles import BK, BQ, QSUB
 from .wgemm import floats, wgemm_block
@@ -157,12 +158,13 @@ def qkv_task(Wf, dims, tile, bufs):
     own_s = np.empty(m * ns * NR, dtype=H.dtype) if ns > 0 else q[:0]
     S = borrowed(own_s)
     if bufs.ln:
-        A = borrowed(own_a)
+        A, xp = borrowed(own_a), bufs.xp[:0]
         layernorm_rows(H, Rows(r0 * d, d), A, Rows(0, d), m, d, floats(Wf), o_g1, o_be1, dims.eps)
         a_off = 0
     else:
-        A = H
+        A, xp = H, bufs.xp              # xp: X's rows as the LN1 stage rounded them, or empty
         a_off = r0 * d
+    Ax = Pairs(A, xp, pair_stride(d), 0)
     for j in range(3):
         first = 0 if j == 0 else npq + (j - 1) * npk      # matrix j's first panel in the stage
         n = d if j == 0 else dkv
@@ -172,11 +174,11 @@ def qkv_task(Wf, dims, tile, bufs):
             continue
         W = Panels(mats[j], d * NR, d, n)
         if j == 0 or not packed:
-            wgemm_block(A, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
+            wgemm_block(Ax, Rows(a_off, d), Wf, W, q, Rows(r0 * ldq + (0 if packed else j * d), ldq), Tile(0, m, a, b),
                         False, biases[j])
             continue
         lds = (b - a) * NR                    # S: panels a..b of the task's rows
-        wgemm_block(A, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, biases[j])
+        wgemm_block(Ax, Rows(a_off, d), Wf, W, S, Rows(-a * NR, lds), Tile(0, m, a, b), False, biases[j])
         if j == 1:
             store_kt(S, lds, r0, r1, a * NR, min(dkv, b * NR), T, dims.kv_heads, dk, bufs.kt)
         else:

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .bgemm import pair_stride
 from .ffn import ffn_down_task, ffn_input_task, ffn_rows_task, ffn_up_task
-from .layout import block_layout, kt_len, norm_offsets, panel_groups, panels, task_tile
+from .layout import block_layout, kt_len, norm_offsets, panel_groups, panels, row_piece, task_tile
 from .kvstore import attend_cache, cache_first, cache_new_rows
 from .options import claim, kernel
-from .records import Cache, with_part
+from .records import Cache, Rows, with_part
 from .rotary import rotate_kt, rotate_rows
 from .simd import panel_lanes
 from .stages import attention_direct_task, attention_task, grouped_decode, layernorm_piece, out_proj_task, qkv_task
 from .tiles import BQ, TASK_PANELS
-from .wgemm import floats
+from .wgemm import floats, round_pairs
 
 # The stages of a forward pass, in the order a call runs those it needs: 1-2 (until the
 # heads' outputs are in q) are attention_stages_task's, 3-4 output_stages_task's.
@@ -149,6 +150,8 @@ def attention_stages_task(stage, t, H, Wf, dims, grid, bufs, cache, few):
     if stage == LN1:
         g_off, b_off = norm_offsets(block_layout(dims, NR), 1, dims.rms)
         layernorm_piece(H, bufs.X, t, grid.nthr, rows, d, floats(Wf), g_off, b_off, dims.eps)
+        r0, r1 = row_piece(t, grid.nthr, rows)
+        round_pairs(Wf, bufs.X, Rows(r0 * d, d), r1 - r0, d, bufs.xp, Rows(r0 * pair_stride(d), pair_stride(d)))
     elif stage == QKV:
         qkv_task(Wf, dims, task_tile(t, grid.groups, grid.mc, rows, qkv_panels(dims, NR)), bufs)
     elif stage == ATTEND:

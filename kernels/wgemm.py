@@ -11,6 +11,8 @@ stored format (tblock.formats, read by kernels.qgemv).  The stages never look in
     wgemm_block, wgemm_panels gemm.gemm_block / gemm_panels, for a matrix of W given as
                               its float layout's Panels (the same call either way)
     weights_at(W, layers, i)  block i of a stack's table of addresses (block._cached)
+    pair_rows, round_pairs    a stage's A rounded to bf16 pairs once, where W's products
+                              take them, for the GEMMs of its tasks (A as a records.Pairs)
 
 Numba compiles one build of each caller per weights type, so a user of float weights
 compiles none of this module's stored paths, and each stored format (and dot: Stored.dot's
@@ -40,14 +42,14 @@ from numba.core import types
 from numba.extending import overload
 
 from .bgemm import NR as BF16_NR
-from .bgemm import bf16_packed_size, bf16_rows, bgemm_panels
+from .bgemm import bf16_packed_size, bf16_rows, bgemm_packed, bgemm_panels, pack_pairs, pair_stride
 from .gemm import gemm_block, gemm_panels
 from .options import borrowed, borrowed_at, kernel
 from .igemm import igemm
 from .qdot import KIND, gemv_int8, rounded_rows
 from .qgemv import row_dot, unpack_row
 from .qgroups import gemv_groups, group_row, grouped, grouped_size
-from .records import Panels, Rows, Stored, Tile
+from .records import Pairs, Panels, Rows, Stored, Tile
 from .simd import panel_lanes
 
 
@@ -56,6 +58,10 @@ INTEGER_GEMM = KIND == "vnni"     # elsewhere the widened float GEMM is faster (
 
 def _is_stored(W):
     return isinstance(W, types.NamedTuple) and W.instance_class is Stored
+
+
+def _is_pairs(A):
+    return isinstance(A, types.NamedTuple) and A.instance_class is Pairs
 
 
 def floats(W):
@@ -118,10 +124,17 @@ def wgemm_block(A, a, W, b, C, c, tile, accumulate, bias_off):
     """gemm.gemm_block with B a matrix of the weights W (b: its Panels in the float layout)."""
 
 
-def _weights_gemm(float_gemm):
-    """The overload of a GEMM over W's matrix: float_gemm (gemm_block or gemm_panels) on a
-    flat float array, stored_gemm on a Stored."""
+def _weights_gemm(float_gemm, wgemm):
+    """The overload of wgemm, a GEMM over W's matrix: float_gemm (gemm_block or gemm_panels)
+    on a flat float array, stored_gemm on a Stored.  A may be a Pairs: its rows already
+    rounded to bf16 pairs serve a product over bf16 pair panels, its float rows any other."""
     def typer(A, a, W, b, C, c, tile, accumulate, bias_off):
+        if _is_pairs(A) and _is_stored(W) and W[1].dtype == types.uint32:
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: paired_bgemm(
+                A, a, W, b, C, c, tile, accumulate, bias_off)
+        if _is_pairs(A):                # other weights take the float rows
+            return lambda A, a, W, b, C, c, tile, accumulate, bias_off: wgemm(
+                A.x, a, W, b, C, c, tile, accumulate, bias_off)
         if isinstance(W, types.Array):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: float_gemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
@@ -297,18 +310,71 @@ def stored_igemm(A, a, W, b, C, c, tile, accumulate, bias_off):
         igemm(A, a, W.q[q0:], band, (i0, i1), bias, C, c, accumulate, W.dot)
 
 
+@kernel(internal=True)
+def pair_band(W, b):
+    """The Panels, in W.q's bf16 pair panels (module docstring), of the band of W's matrix
+    that b names in the float layout, from its first pair row (b.off's k0 is even: FFN
+    chunks are whole panels wide)."""
+    q0, d_in, k0 = stored_band(W.map, b.off, b.ld, BF16_NR)
+    return Panels(q0 + k0 // 2 * BF16_NR, (d_in + 1) // 2 * BF16_NR, b.k, b.n)
+
+
 @kernel(readonly=("A",), internal=True)
 def stored_bgemm(A, a, W, b, C, c, tile, accumulate, bias_off):
-    """stored_gemm for dot "bf16": W.q the six matrices' bf16 pair panels (module
-    docstring), the band b names read from its first pair row (b.off's k0 is even: FFN
-    chunks are whole panels wide), A's rows rounded to bf16 by bgemm_panels."""
-    q0, d_in, k0 = stored_band(W.map, b.off, b.ld, BF16_NR)
-    bgemm_panels(A, a, W.q, Panels(q0 + k0 // 2 * BF16_NR, (d_in + 1) // 2 * BF16_NR, b.k, b.n), C, c, tile,
-                 accumulate, W.f, bias_off)
+    """stored_gemm for dot "bf16": the band b names of W's pair panels, A's rows rounded to
+    bf16 by bgemm_panels."""
+    bgemm_panels(A, a, W.q, pair_band(W, b), C, c, tile, accumulate, W.f, bias_off)
 
 
-overload(wgemm_block)(_weights_gemm(gemm_block))
-overload(wgemm_panels)(_weights_gemm(gemm_panels))
+@kernel(internal=True)
+def paired_bgemm(A, a, W, b, C, c, tile, accumulate, bias_off):
+    """stored_bgemm with A a Pairs: A.p's rows when they are there (a's row i0 + i at pair
+    row i0 + i - A.r0, from pair a's column / 2: a band starts at an even input), else
+    A.x's rounded here."""
+    if A.p.size == 0:
+        stored_bgemm(A.x, a, W, b, C, c, tile, accumulate, bias_off)
+        return
+    row = a.off // a.ld
+    ap = Rows((row - A.r0) * A.ld + (a.off - row * a.ld) // 2, A.ld)
+    bgemm_packed(A.p, ap, W.q, pair_band(W, b), C, c, tile, accumulate, W.f, bias_off)
+
+
+def pair_rows(W, rows, k, none):
+    """(p, ld): room for ``rows`` rows of k inputs as bf16 pairs (bgemm.pack_pairs, ld
+    apart) where W's products take them (dot "bf16") and rows > 0, else (none, 0): none an
+    empty uint32 array, a view (a decode step allocates nothing)."""
+
+
+@overload(pair_rows)
+def _pair_rows(W, rows, k, none):
+    if _is_stored(W) and W[1].dtype == types.uint32:
+        def room(W, rows, k, none):
+            if rows == 0:
+                return none, 0
+            ld = pair_stride(k)
+            return np.empty(rows * ld, dtype=np.uint32), ld
+        return room
+    return lambda W, rows, k, none: (none, 0)
+
+
+def round_pairs(W, A, a, rows, k, P, p):
+    """Rows p.off + r * p.ld of P = row r of A (a: its Rows), r < rows, k inputs, rounded
+    to bf16 pairs (bgemm.pack_pairs), where W's products take them and P is not empty;
+    else nothing."""
+
+
+@overload(round_pairs)
+def _round_pairs(W, A, a, rows, k, P, p):
+    if _is_stored(W) and W[1].dtype == types.uint32:
+        def rounded(W, A, a, rows, k, P, p):
+            if P.size > 0:
+                pack_pairs(A, a, rows, k, P, p)
+        return rounded
+    return lambda W, A, a, rows, k, P, p: None
+
+
+overload(wgemm_block)(_weights_gemm(gemm_block, wgemm_block))
+overload(wgemm_panels)(_weights_gemm(gemm_panels, wgemm_panels))
 
 
 def stored_map(d: int, dkv: int, n1: int, dff: int, NR: int, fmt: str, layout, dot: str = "fp32") -> np.ndarray:

@@ -73,6 +73,32 @@ def test_block_with_bf16_dot_matches_the_oracle(d, heads, B, T, pre, biases, see
     assert near_the_oracle(tblock.forward(H, w, cfg), want)
 
 
+@pytest.mark.parametrize("name, cfg, B, T", [
+    # LN1 in a stage of its own (many column tasks: its rows rounded to pairs once there),
+    # and the FFN split by columns (LN2's rows and the hidden layer rounded once)
+    ("split", dict(d_model=384, n_heads=6, ffn_bias=True, attn_bias=True, ln_affine=True), 1, 64),
+    # more rows than the split stages take: FFN row tiles, each tile's rows rounded once
+    ("row-tiles", dict(d_model=96, n_heads=2, d_ff=640, ffn_bias=True), 3, 150),
+    ("post-row-tiles", dict(d_model=64, n_heads=4, norm="post", ln_affine=True), 2, 220),
+    # the gated FFN ([gate | up] panels), grouped K/V heads, rotary positions
+    ("gated", dict(d_model=128, n_heads=4, n_kv_heads=2, norm_type="rmsnorm", ffn="gated", activation="silu",
+                   positions="rotary", d_ff=352, ln_affine=True), 1, 70),
+    ("gated-row-tiles", dict(d_model=128, n_heads=4, n_kv_heads=2, norm_type="rmsnorm", ffn="gated",
+                             activation="silu", positions="rotary", d_ff=352), 2, 300),
+])
+def test_inputs_rounded_once_for_a_stage_match_the_oracle(name, cfg, B, T, rng):
+    """The paths where a stage's (or a row tile's) inputs are rounded to bf16 pairs once
+    and read by all of its GEMM tasks (wgemm.pair_rows), against the oracle."""
+    cfg = tblock.BlockConfig(**cfg)
+    if cfg.ffn == "gated":              # conftest's random_weights draws the lesson's block only
+        w = tblock.quantize(tblock.init_weights(cfg, seed=int(rng.integers(2**31))), "bf16", dot="bf16")
+    else:
+        w = weights(cfg, rng)
+    H = rng.standard_normal((B, T, cfg.d_model)).astype(np.float32)
+    want = tblock.forward(H.astype(np.float64), w, cfg, backend="numpy")
+    assert near_the_oracle(tblock.forward(H, w, cfg), want)
+
+
 def test_the_dot_is_honoured(rng):
     """The same stored bytes with dot "fp32" and "bf16" give results far apart, each near
     its own oracle: the kernels do not ignore the dot."""

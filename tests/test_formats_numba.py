@@ -175,7 +175,7 @@ def test_a_format_compiles_only_its_own_kernels(fmt, dot, tmp_path):
         own = {row_kernel, "round_blocks"} | ({"stored_igemm", "igemm"} if INTEGER_GEMM else {"rounded_rows"})
         own |= {"group_columns"} if grouped("int8") else set()
     elif dot == "bf16":
-        own = {"stored_bgemm", "bgemm_panels", "bgemm_packed", "bf16_rows", "dot_rows"}
+        own = {"stored_bgemm", "bgemm_panels", "bgemm_packed", "bf16_rows", "dot_rows", "pack_pairs", "paired_bgemm"}
     else:
         own = {"fp32": set(), "bf16": {"dot_rows"}, "int8": {"dot_q8"}, "int4": {"dot_q4"}}[fmt]
     for name, n in builds.items():

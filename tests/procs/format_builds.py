@@ -26,7 +26,8 @@ lm_head(H[None], np.ones(128, np.float32), 1e-5, head, np.empty((1, 5, 100), np.
 kernels = {"stored_gemm": wgemm.stored_gemm, "dot_rows": qgemv.dot_rows, "dot_q8": qgemv.dot_q8,
            "dot_q4": qgemv.dot_q4, "gemv_int8": qdot.gemv_int8, "round_blocks": qdot.round_blocks,
            "rounded_rows": qdot.rounded_rows, "stored_bgemm": wgemm.stored_bgemm, "bgemm_panels": bgemm.bgemm_panels,
-           "bgemm_packed": bgemm.bgemm_packed, "bf16_rows": bgemm.bf16_rows,
+           "bgemm_packed": bgemm.bgemm_packed, "bf16_rows": bgemm.bf16_rows, "pack_pairs": bgemm.pack_pairs,
+           "paired_bgemm": wgemm.paired_bgemm,
            "stored_igemm": wgemm.stored_igemm, "igemm": igemm.igemm, "gemv_groups": qgroups.gemv_groups,
            "group_columns": qgroups.group_columns}
 print(json.dumps({name: len(k.overloads) for name, k in kernels.items()}))

@@ -40,7 +40,8 @@ def output_signature(dtype, scalars: tuple, few) -> tuple:
     them: stage and task, H and the weights (read-only), the records, few (True or None)."""
     a = np.empty(0, dtype)
     frozen = typeof(a).copy(readonly=True)
-    output = typeof(Output(a, 0, a, a, a, 0, 0, a))
+    p = np.empty(0, np.uint32)          # no bf16 pairs: float weights
+    output = typeof(Output(a, 0, a, a, a, 0, 0, a, p, p))
     return (types.int64, types.int64, frozen, frozen, typeof(Dims(0, 0, *scalars)), typeof(Grid(0, 0, 0)),
             output, typeof(few))
 
