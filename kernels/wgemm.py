@@ -60,6 +60,11 @@ def _is_stored(W):
     return isinstance(W, types.NamedTuple) and W.instance_class is Stored
 
 
+def _is_bf16_dot(W):
+    """Whether W is a Stored whose products are bgemm's (dot "bf16": pair panels, uint32)."""
+    return _is_stored(W) and W[1].dtype == types.uint32
+
+
 def _is_pairs(A):
     return isinstance(A, types.NamedTuple) and A.instance_class is Pairs
 
@@ -129,7 +134,7 @@ def _weights_gemm(float_gemm, wgemm):
     on a flat float array, stored_gemm on a Stored.  A may be a Pairs: its rows already
     rounded to bf16 pairs serve a product over bf16 pair panels, its float rows any other."""
     def typer(A, a, W, b, C, c, tile, accumulate, bias_off):
-        if _is_pairs(A) and _is_stored(W) and W[1].dtype == types.uint32:
+        if _is_pairs(A) and _is_bf16_dot(W):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: paired_bgemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_pairs(A):                # other weights take the float rows
@@ -138,7 +143,7 @@ def _weights_gemm(float_gemm, wgemm):
         if isinstance(W, types.Array):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: float_gemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
-        if _is_stored(W) and W[1].dtype == types.uint32:
+        if _is_bf16_dot(W):
             return lambda A, a, W, b, C, c, tile, accumulate, bias_off: stored_bgemm(
                 A, a, W, b, C, c, tile, accumulate, bias_off)
         if _is_stored(W) and (W[3].dtype == types.int16 or (W[3].dtype == types.int8 and INTEGER_GEMM)):
@@ -347,7 +352,7 @@ def pair_rows(W, rows, k, none):
 
 @overload(pair_rows)
 def _pair_rows(W, rows, k, none):
-    if _is_stored(W) and W[1].dtype == types.uint32:
+    if _is_bf16_dot(W):
         def room(W, rows, k, none):
             if rows == 0:
                 return none, 0
@@ -365,7 +370,7 @@ def round_pairs(W, A, a, rows, k, P, p):
 
 @overload(round_pairs)
 def _round_pairs(W, A, a, rows, k, P, p):
-    if _is_stored(W) and W[1].dtype == types.uint32:
+    if _is_bf16_dot(W):
         def rounded(W, A, a, rows, k, P, p):
             if P.size > 0:
                 pack_pairs(A, a, rows, k, P, p)
