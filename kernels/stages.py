@@ -85,18 +85,28 @@ def store_kt(S, lds, r0, r1, c0, c1, T, n_heads, dk, Kt):
         b = r // T
         e = min(r1, (b + 1) * T)                     # rows r..e-1 are one sequence's
         t0 = r - b * T
+        t1 = e - b * T
+        tz = panels(T, NR) * NR if e == (b + 1) * T else t1      # keys t1..tz zeroed
+        src = (r - r0 - t0) * lds - c0               # K[token t, c] at S[src + t * lds + c]
         for h in range(c0 // dk, (c1 - 1) // dk + 1):
             ca = max(c0, h * dk)
             cb = min(c1, (h + 1) * dk)
             head = (b * n_heads + h) * ktn - h * dk * NR
-            for c in range(ca, cb):
-                src = (r - r0) * lds + c - c0
-                for i in range(e - r):
-                    t = t0 + i
-                    Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = S[src + i * lds]
-                if e == (b + 1) * T:
-                    for t in range(T, panels(T, NR) * NR):
-                        Kt[head + (t // NR) * dk * NR + c * NR + t % NR] = 0.0
+            for p in range(t0 // NR, panels(tz, NR)):
+                ta = max(t0, p * NR)
+                tb = min(t1, (p + 1) * NR)
+                dst = head + p * dk * NR - p * NR    # K^T[c, t] at Kt[dst + c * NR + t]
+                if tb - ta == NR:
+                    # a whole panel: NR loads (a fixed count, unrolled) to one stored run
+                    for c in range(ca, cb):
+                        for j in range(NR):
+                            Kt[dst + c * NR + ta + j] = S[src + (ta + j) * lds + c]
+                    continue
+                for c in range(ca, cb):
+                    for t in range(ta, tb):
+                        Kt[dst + c * NR + t] = S[src + t * lds + c]
+                    for t in range(max(ta, tb), min(tz, (p + 1) * NR)):
+                        Kt[dst + c * NR + t] = 0.0
         r = e
 
 
