@@ -9,7 +9,10 @@ The base is `git archive`d into a temporary folder and imported from there (its 
 mapped to tblock.kernels by a link, the C reference's built extension copied in); each
 side runs bench/ab_worker.py in a process of its own.  Timing alternates the sides round
 by round (which goes first alternates too), so both see the same moments of a noisy host;
-the figure is the median of the per-round ratios new / base.  TBLOCK_ISA passes through.
+the figure is the median of the per-round ratios new / base, with a bootstrap 90% interval
+of that median: where it holds 1.0 the rounds did not tell the sides apart (a null run,
+this checkout against HEAD with no change, gave medians of 0.93-0.95 with intervals
+reaching past 1.0 on a shared 2-core host: docs/perf-log.md).  TBLOCK_ISA passes through.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ class Side:
         self.proc.wait(timeout=60)
 
 
+def median_interval(ratios: list[float], level: float = 0.90, draws: int = 4000) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``ratios`` (rounds resampled with replacement;
+    a fixed seed, so one set of rounds always prints the same interval)."""
+    x = np.asarray(ratios)
+    medians = np.median(np.random.default_rng(0).choice(x, size=(draws, x.size)), axis=1)
+    tail = (1.0 - level) / 2 * 100
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
 def compare_outputs(a: Path, b: Path) -> int:
     """Print the cases whose arrays differ in any bit; the number of them."""
     old, new = np.load(a), np.load(b)
@@ -88,6 +100,7 @@ def main() -> int:
     ap.add_argument("--base", required=True, help="the commit to compare with")
     ap.add_argument("what", choices=("outputs", "speed"))
     ap.add_argument("--cases", default=",".join(ROUNDS), help="speed: comma-separated cases")
+    ap.add_argument("--rounds", type=int, default=0, help="speed: rounds of every case (default: the case's own)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tblock-ab-") as tmp:
         tmp = Path(tmp)
@@ -101,6 +114,7 @@ def main() -> int:
                 return 1 if compare_outputs(tmp / "base.npz", tmp / "new.npz") else 0
             for case in args.cases.split(","):
                 rounds, n = ROUNDS[case]
+                rounds = args.rounds or rounds
                 for side in (base, new):
                     side.ask(cmd="time", case=case, n=n)        # warm: compiled, caches touched
                 ratios, times = [], {"base": [], "new": []}
@@ -112,9 +126,10 @@ def main() -> int:
                         times[name].append(got[name])
                     ratios.append(got["new"] / got["base"])
                 q = statistics.quantiles(ratios, n=4)
+                lo, hi = median_interval(ratios)
                 print(f"{case:9s} base {statistics.median(times['base']) * 1e6:10.1f} us  new "
                       f"{statistics.median(times['new']) * 1e6:10.1f} us  new/base median {statistics.median(ratios):.3f}"
-                      f" (IQR {q[0]:.3f}-{q[2]:.3f}, {rounds} rounds)", flush=True)
+                      f" (90% interval {lo:.3f}-{hi:.3f}; IQR {q[0]:.3f}-{q[2]:.3f}, {rounds} rounds)", flush=True)
             return 0
         finally:
             base.close()
