@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numba import njit
 
 import tblock
@@ -297,15 +299,9 @@ def test_tiled_attention_matches_oracle_at_edge_shapes(causal, T, dk, dtype):
                                rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("B, T, n_heads, dk", [(1, 1, 1, 1), (2, 5, 2, 1), (3, 70, 3, 17),
-                                               (1, 130, 2, 64), (2, 33, 4, 40)])
-def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtype):
-    """The block's projection tasks write K and V straight into the layouts attention reads,
-    a block of rows and a range of columns at a time (store_kt, store_v).  Pieces whose rows
-    cross a sequence boundary and whose columns split heads must give exactly what packing
-    whole heads gives (pack_kt, pack_rows, as attention_core does), padding included."""
-    rng = np.random.default_rng(7)
+def stored_as_packing_gives(B, T, n_heads, dk, dtype, rcuts, ccuts, rng):
+    """store_kt and store_v over the pieces (row cuts x column cuts) of random K and V
+    rows give exactly what packing whole heads gives (pack_kt, pack_rows), padding included."""
     d = n_heads * dk
     rows = B * T
     NR = panel_width(dtype)
@@ -322,8 +318,6 @@ def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtyp
             pack_rows(V.reshape(-1), b * T * d + h * dk, d, T, dk, want_vp, bh * T * ldv, ldv)
     got_kt = np.full_like(want_kt, np.nan)
     got_vp = np.full_like(want_vp, np.nan)
-    rcuts = np.unique(np.r_[0, rng.integers(0, rows, 3), rows])
-    ccuts = np.unique(np.r_[0, rng.integers(0, d, 2), d])
     for r0, r1 in zip(rcuts[:-1], rcuts[1:]):
         for c0, c1 in zip(ccuts[:-1], ccuts[1:]):
             # the scratch holds just the piece: rows r0..r1, columns c0..c1
@@ -333,6 +327,33 @@ def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtyp
                     T, n_heads, dk, got_vp)
     np.testing.assert_array_equal(got_kt, want_kt)
     np.testing.assert_array_equal(got_vp, want_vp)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("B, T, n_heads, dk", [(1, 1, 1, 1), (2, 5, 2, 1), (3, 70, 3, 17),
+                                               (1, 130, 2, 64), (2, 33, 4, 40)])
+def test_projection_stores_k_and_v_in_the_packed_layouts(B, T, n_heads, dk, dtype):
+    """The block's projection tasks write K and V straight into the layouts attention reads,
+    a block of rows and a range of columns at a time (store_kt, store_v).  Pieces whose rows
+    cross a sequence boundary and whose columns split heads must give exactly what packing
+    whole heads gives (pack_kt, pack_rows, as attention_core does), padding included."""
+    rng = np.random.default_rng(7)
+    rows, d = B * T, n_heads * dk
+    rcuts = np.unique(np.r_[0, rng.integers(0, rows, 3), rows])
+    ccuts = np.unique(np.r_[0, rng.integers(0, d, 2), d])
+    stored_as_packing_gives(B, T, n_heads, dk, dtype, rcuts, ccuts, rng)
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 80), n_heads=st.integers(1, 3), dk=st.sampled_from([1, 8, 16, 17, 32]),
+       dtype=st.sampled_from([np.float32, np.float64]), data=st.data())
+def test_projection_stores_any_pieces(B, T, n_heads, dk, dtype, data):
+    """As above, over any cuts: pieces that start and end mid-panel, whole panels (store_kt's
+    own loop), a sequence's last panel (the keys past T zeroed)."""
+    rows, d = B * T, n_heads * dk
+    rcuts = sorted(set(data.draw(st.lists(st.integers(0, rows), max_size=4)) + [0, rows]))
+    ccuts = sorted(set(data.draw(st.lists(st.integers(0, d), max_size=2)) + [0, d]))
+    stored_as_packing_gives(B, T, n_heads, dk, dtype, rcuts, ccuts, np.random.default_rng(B * 1000 + T))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
