@@ -10,9 +10,9 @@ mapped to tblock.kernels by a link, the C reference's built extension copied in)
 side runs bench/ab_worker.py in a process of its own.  Timing alternates the sides round
 by round (which goes first alternates too), so both see the same moments of a noisy host;
 the figure is the median of the per-round ratios new / base, with a bootstrap 90% interval
-of that median: where it holds 1.0 the rounds did not tell the sides apart (a null run,
-this checkout against HEAD with no change, gave medians of 0.93-0.95 with intervals
-reaching past 1.0 on a shared 2-core host: docs/perf-log.md).  TBLOCK_ISA passes through.
+of that median: where it holds 1.0 the rounds did not tell the sides apart (on a shared
+host a null run, no change against HEAD, can land several percent from 1.0:
+docs/perf-log.md).  TBLOCK_ISA passes through.
 """
 
 from __future__ import annotations
