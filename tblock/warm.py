@@ -11,7 +11,8 @@ import numpy as np
 
 def warm_all() -> None:
     """The numba backend's kernels, then a tiny GPT-2's decode steps, one sequence and
-    several (generate_many's ragged step), in float32 and float64."""
+    several (generate_many's ragged step), and a greedy run's steps in one call
+    (kernels.decode.greedy_steps), in float32 and float64."""
     from .backends.numba import warmup
     from .models.gpt2 import GPT2
     warmup()
@@ -21,3 +22,4 @@ def warm_all() -> None:
         for t in range(3):                  # the prompt, a checked step, a prepared one
             model.next_logits(np.arange(t, t + 1 + (t == 0)), cache)
         model.generate_many([np.arange(2), np.arange(1)], 2, temperature=0)     # a ragged step
+        model.generate(np.arange(1), 3, temperature=0)      # greedy steps, once a step is prepared
