@@ -40,7 +40,10 @@ def isa() -> str:
 
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the default "numba" backend
-    for float32 and float64, so that no later call pays for compilation."""
+    for float32 and float64 on float weights, the lesson's and GPT-2's blocks and the
+    Llama family's (rotary, RMSNorm, gated FFN, grouped K/V), so that no later call on
+    them pays for compilation.  Stored weights (bf16, int8, int4) compile their own
+    kernels on their first call: each format is a build of its own."""
     from .warm import warm_all
     warm_all()
 

@@ -53,53 +53,6 @@ def test_four_threads_give_the_serial_results():
         np.testing.assert_array_equal(out, serial[j])
 
 
-def _compiled_signatures():
-    """Every signature of every kernel dispatcher: a call that compiles adds one."""
-    import importlib
-    from numba.core.dispatcher import Dispatcher
-    names = ("activations", "attention", "block", "decode", "gemm", "layernorm", "lm_head", "softmax", "stages",
-             "validate")
-    return sum(len(f.signatures) for n in names
-               for f in vars(importlib.import_module(f"tblock.kernels.{n}")).values()
-               if isinstance(f, Dispatcher))
-
-
-def _layouts(H):
-    """The same values as writeable, read-only, strided, Fortran-ordered and unaligned
-    arrays: the API hands the block one array type for all of them."""
-    ro = H.copy()
-    ro.flags.writeable = False
-    strided = np.repeat(H, 2, axis=0)[::2]
-    raw = np.empty(H.nbytes + 1, dtype=np.uint8)[1:].view(H.dtype).reshape(H.shape)
-    raw[...] = H
-    assert not raw.flags.aligned
-    return [H, ro, strided, np.asfortranarray(H), raw, H[None]]
-
-
-def test_warmup_compiles_everything_used_by_forward():
-    """After warmup(), no call compiles: both dtypes, the serial and the parallel block,
-    the trace path, a model's decode steps for one prompt and several, and inputs of any flags and layout (issue #13: a writeable or a
-    non-contiguous input compiled again, 6-17 s)."""
-    tblock.warmup()
-    before = _compiled_signatures()
-    for dtype in (np.float32, np.float64):
-        cfg = tblock.BlockConfig(d_model=24, n_heads=3, norm="post", activation="relu")
-        w = tblock.init_weights(cfg, 1, dtype=dtype)
-        for T in (3, 2000):                       # the serial and the parallel variant
-            H = np.random.default_rng(0).standard_normal((T, 24)).astype(dtype)
-            want = tblock.forward(H, w, cfg, backend="numba")
-            for X in _layouts(H):
-                np.testing.assert_array_equal(tblock.forward(X, w, cfg, backend="numba"), want.reshape(X.shape))
-            tblock.forward(H[:5], w, cfg, backend="numba", trace=True)
-        # a GPT-2's prompt, checked decode steps and prepared ones, serial and parallel
-        for d, vocab in ((16, 50), (256, 3000)):
-            model = tblock.GPT2.from_config(vocab_size=vocab, n_positions=64, n_embd=d, n_layer=2, n_head=4,
-                                            seed=0, dtype=dtype)
-            model.generate(np.arange(5), 20, temperature=0)
-            model.generate_many([np.arange(5), np.arange(2), np.arange(7)], 6, temperature=0)
-    assert _compiled_signatures() == before
-
-
 def test_prepared_weights_are_cached_per_dtype():
     cfg = tblock.BlockConfig(d_model=16, n_heads=2)
     w = tblock.init_weights(cfg, 0)
@@ -110,20 +63,6 @@ def test_prepared_weights_are_cached_per_dtype():
     assert w.prepared_state[(nb.packing.PACKED, "f")] is flat and not flat.flags.writeable
     tblock.forward(H.astype(np.float64), w, cfg, backend="numba")
     assert w.prepared_state[(nb.packing.PACKED, "d")].dtype == np.float64
-
-
-def test_the_compiled_block_is_cacheable():
-    """Numba refuses to cache a function that touches ctypes globals (get_num_threads()
-    inside the block did): after warmup() every top-level kernel has its cache index."""
-    tblock.warmup()
-    from tblock.kernels.block import attention_core, block_parallel, block_serial, cached_parallel, cached_serial
-    from tblock.kernels.decode import decode_step
-    from tblock.kernels.lm_head import head_parallel, head_serial
-    for disp in (block_serial, block_parallel, cached_serial, cached_parallel, head_serial, head_parallel,
-                 decode_step):
-        index = disp._cache._cache_file._index_path
-        assert os.path.exists(index), f"{disp.py_func.__qualname__} was not cached ({index})"
-    assert attention_core._cache is not None
 
 
 def _run_child(*name_and_args):

@@ -17,11 +17,26 @@ from .packing import make_plan, packed
 from .parallel import parallel_call
 
 
+# a block of each build a model runs (kernels.records.with_part): the lesson's and GPT-2's,
+# and the Llama family's (RMSNorm, rotary positions, a gated FFN, grouped K/V heads)
+WARM_CONFIGS = (BlockConfig(d_model=8, n_heads=2),
+                BlockConfig(d_model=8, n_heads=2, n_kv_heads=1, norm_type="rmsnorm", ffn="gated", activation="silu",
+                            positions="rotary", attn_bias=False, ffn_bias=False, ln_affine=True))
+
+
 def warmup() -> None:
-    """Every block kernel for float32 and float64: the serial and the parallel block,
-    without and with a KV cache, the trace path and the vocabulary head.  A model's
-    prepared decode step is warmed by tblock.warmup, through a tiny model's steps."""
-    cfg = BlockConfig(d_model=8, n_heads=2)
+    """Every block kernel for float32 and float64 and each of WARM_CONFIGS: the serial and
+    the parallel block, without and with a KV cache, the trace path and the vocabulary
+    head.  A model's prepared decode step is warmed by tblock.warmup, through a tiny
+    model's steps."""
+    for cfg in WARM_CONFIGS:
+        _warm_blocks(cfg)
+    for dtype in (np.float32, np.float64):
+        _warm_head(dtype)
+
+
+def _warm_blocks(cfg):
+    """The block kernels for one config, in float32 and float64."""
     parallel = not _runtime.serial_only()
     for dtype in (np.float32, np.float64):
         w = init_weights(cfg, seed=0, dtype=dtype)
@@ -39,7 +54,6 @@ def warmup() -> None:
         if parallel:
             parallel_call(cached_parallel, *cached, pass_threads=True)
         forward_batch(H, w, cfg, True)      # the trace path, its finiteness check included
-        _warm_head(dtype)
 
 
 def _warm_head(dtype):
