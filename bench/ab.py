@@ -2,8 +2,9 @@
 
     python bench/ab.py --base REV outputs     every case of bench/ab_worker.py, bitwise
     python bench/ab.py --base REV speed       paired rounds: the toy block, 384/64,
-                                              768/1024, a GPT-2-small decode step, and
-                                              768/128 on bf16 and int8 weights
+                                              768/1024, a GPT-2-small decode step,
+                                              768/128 on bf16 and int8 weights, and a
+                                              SmolLM2-shaped int8 decode step
 
 The base is `git archive`d into a temporary folder and imported from there (its kernels/
 mapped to tblock.kernels by a link, the C reference's built extension copied in); each
@@ -32,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "bench" / "ab_worker.py"
 ROUNDS = {"toy": (40, 2000), "384x64": (30, 20), "768x1024": (12, 1), "decode": (30, 10),     # rounds, calls a round
-          "bf16-768x128": (20, 5), "int8-768x128": (20, 5)}
+          "bf16-768x128": (20, 5), "int8-768x128": (20, 5), "llama-int8-decode": (30, 20)}
 
 
 def base_tree(rev: str, into: Path) -> Path:

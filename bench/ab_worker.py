@@ -142,7 +142,33 @@ def _timing_cases():
         model.next_logits(tok, cache, out=logits)
     step()
     cases["decode"] = step
+    cases["llama-int8-decode"] = _llama_step()
     return cases
+
+
+def _llama_step():
+    """A decode step of SmolLM2-135M's shape (30 blocks of d 576, 9 heads over 3 K/V heads,
+    gated d_ff 1536, tied head), random weights as int8 dot int8: short stages, many of them."""
+    from tblock.models.llama import hf_tensor_shapes
+    cfg = tblock.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                             num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+    rng = np.random.default_rng(0)
+    t = {k: (np.ones(s) if len(s) == 1 else 0.02 * rng.standard_normal(s)).astype(np.float32)
+         for k, s in hf_tensor_shapes(cfg).items()}
+    model = tblock.Llama.from_tensors(cfg, t, weights="int8", dot="int8")
+    del t
+    cache = model.make_cache(256)
+    model.next_logits(np.arange(128), cache)
+    logits = np.empty((1, cfg.vocab_size), np.float32)
+    tok = np.zeros((1, 1), np.int64)
+
+    def step():
+        if cache[0].length >= 192:          # contexts 128-191, as a short generation's
+            for c in cache:
+                c.length = 128
+        model.next_logits(tok, cache, out=logits)
+    step()
+    return step
 
 
 def main() -> None:
