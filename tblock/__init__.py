@@ -42,8 +42,9 @@ def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the default "numba" backend
     for float32 and float64 on float weights, the lesson's and GPT-2's blocks and the
     Llama family's (rotary, RMSNorm, gated FFN, grouped K/V), so that no later call on
-    them pays for compilation.  Stored weights (bf16, int8, int4) compile their own
-    kernels on their first call: each format is a build of its own."""
+    them pays for compilation.  Stored weights (bf16, int8, int4) and KV caches (bf16,
+    int8) compile their own kernels on their first call: each format is a build of its
+    own, which a user of another never compiles."""
     from .warm import warm_all
     warm_all()
 
