@@ -16,11 +16,11 @@ def rss(key):
                 return int(line.split()[1]) / 1024
 
 
-# the build the measured call takes (many rows: kernels.block.takes_few_paths), compiled or
-# loaded by a small call whose freed buffers are too small to serve the measured one's
-# (not warmup(), which compiles every build)
+# the build the measured call takes (as many rows, for any thread count:
+# kernels.block.takes_few_paths), compiled or loaded by a narrow call whose freed buffers
+# are too small to serve the measured one's (not warmup(), which compiles every build)
 small = tblock.BlockConfig(d_model=64, n_heads=4)
-tblock.forward(np.zeros((400, 64), np.float32), tblock.init_weights(small, seed=1, dtype=np.float32), small)
+tblock.forward(np.zeros((4096, 64), np.float32), tblock.init_weights(small, seed=1, dtype=np.float32), small)
 cfg = tblock.BlockConfig(d_model=768, n_heads=12)
 w = tblock.init_weights(cfg, seed=0, dtype=np.float32)
 H = np.random.default_rng(0).standard_normal((4096, 768)).astype(np.float32)
