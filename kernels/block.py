@@ -296,7 +296,7 @@ def _one_block(H, Wf, dims, cache, scratch, nthr, few):
     return out.reshape((nseq, T, d))
 
 
-@kernel(internal=True, inline="always")
+@kernel(internal=True)     # not inlined: the parallel build's parfor passes grow with its body
 def output_plan(dims, scratch, rows, pos, nthr, few):
     """The output half of _one_block (stages 3-4) planned into scratch.plan's rows HALF..:
     (out, xn, hid, ldh, mc, groups, mf, the row after its last stage, gu; mc and groups:
