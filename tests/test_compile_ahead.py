@@ -23,8 +23,9 @@ def first_forward(how, cache_dir):
 
 
 def test_the_call_loads_what_the_helper_compiled(tmp_path):
-    """With the helper waited for, the call finds output_stages_task in the cache (a hit,
-    no miss: the helper compiled the very signature the call types) and gives the bits
+    """With the helper waited for, the call finds output_stages_task and the LN1 stage's
+    layernorm_piece in the cache (hits, no miss: the helper compiled the very signatures
+    the call types) and gives the bits
     of a call that compiled it itself; a second start for the same signature, or one
     the cache holds, starts nothing."""
     waited = first_forward("waited", tmp_path / "waited")
@@ -32,7 +33,9 @@ def test_the_call_loads_what_the_helper_compiled(tmp_path):
     assert not waited["cached_before"] and waited["started"] and waited["helper_rc"] == 0
     assert waited["cached_after_helper"] and not waited["started_again"]
     assert waited["hits"] >= 1 and waited["misses"] == 0, waited
+    assert waited["norm_hits"] >= 1 and waited["norm_misses"] == 0, waited
     assert alone["hits"] == 0 and alone["misses"] >= 1, alone
+    assert alone["norm_hits"] == 0 and alone["norm_misses"] >= 1, alone
     assert waited["out"] == alone["out"]
     assert np.isfinite(np.frombuffer(bytes.fromhex(alone["out"]), np.float32)).all()
 

@@ -7,7 +7,8 @@ output_stages_task: W_O, the FFN and their GEMMs); a helper process started with
 call compiles that kernel for the signature the call will use and writes it to Numba's
 cache, and the call, when its typing reaches the kernel, loads it from there
 (docs/perf-log.md).  Should the call get there first, it compiles the kernel itself, as
-without a helper.
+without a helper.  The helper then compiles the LN1 stage's layernorm_piece, the last
+kernel the call's attention half reaches, while the call is still on the ones before it.
 
 A helper starts only where it can help: float weights, a writable kernel cache
 (kernels.cache.CACHE_PATH) not yet holding that signature, two or more usable CPUs, once
@@ -28,6 +29,7 @@ from numba import typeof, types
 from ..._runtime import usable_cores
 from ...kernels.cache import CACHE_PATH, holds
 from ...kernels.records import Dims, Grid, Output
+from ...kernels.stages import layernorm_piece
 from ...kernels.tasks import output_stages_task
 
 _started: set = set()
@@ -44,6 +46,14 @@ def output_signature(dtype, scalars: tuple, few) -> tuple:
     output = typeof(Output(a, 0, a, a, a, 0, 0, a, p, p))
     return (types.int64, types.int64, frozen, frozen, typeof(Dims(0, 0, *scalars)), typeof(Grid(0, 0, 0)),
             output, typeof(few))
+
+
+def norm_signature(dtype) -> tuple:
+    """layernorm_piece's argument types in attention_stages_task's LN1 stage on float
+    weights of ``dtype``: every array read-only as _one_block types them (the LN1 rows
+    unify with H, a read-only input), the piece's integers and eps."""
+    frozen = typeof(np.empty(0, dtype)).copy(readonly=True)
+    return (frozen, frozen) + (types.int64,) * 4 + (frozen, types.int64, types.int64, types.float64)
 
 
 def start(dtype, scalars: tuple, few) -> subprocess.Popen | None:
@@ -74,10 +84,12 @@ def start(dtype, scalars: tuple, few) -> subprocess.Popen | None:
 
 
 def main(argv: list[str]) -> None:
-    """The helper: compile output_stages_task for (dtype, scalars, few) as given by start."""
+    """The helper: compile output_stages_task for (dtype, scalars, few) as given by start,
+    then the LN1 stage's layernorm_piece, which the call reaches last of its attention half."""
     import ast
     dtype, scalars, few = np.dtype(argv[0]), ast.literal_eval(argv[1]), ast.literal_eval(argv[2])
     output_stages_task.compile(output_signature(dtype, scalars, few))
+    layernorm_piece.compile(norm_signature(dtype))
 
 
 if __name__ == "__main__":
