@@ -95,6 +95,7 @@ def test_without_avx512_turns_off_every_avx512_feature():
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_forced_path_reports_itself_and_reproduces_the_lesson(name):
     r = run_check("worked", TBLOCK_ISA=name)
@@ -111,6 +112,7 @@ def test_forced_path_reports_itself_and_reproduces_the_lesson(name):
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 def test_bad_tblock_isa_is_a_clear_error_and_leaves_the_other_backends():
     r = run_check("bad_isa", TBLOCK_ISA="sse9")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -122,6 +124,7 @@ def test_bad_tblock_isa_is_a_clear_error_and_leaves_the_other_backends():
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 def test_a_path_the_target_cannot_run_is_refused():
     # Numba told to compile for Haswell (AVX2, no AVX-512): the avx512 path must be refused
     r = run_check("isa", TBLOCK_ISA="avx512",
@@ -131,6 +134,7 @@ def test_a_path_the_target_cannot_run_is_refused():
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 def test_numba_cpu_name_selects_the_path_without_tblock_isa():
     r = run_check("isa", TBLOCK_ISA=None,
                NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
@@ -139,6 +143,7 @@ def test_numba_cpu_name_selects_the_path_without_tblock_isa():
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="this machine runs one path only: nothing to narrow to")
 def test_narrowing_after_numba_compiled_is_refused():
     r = run_check("narrow", TBLOCK_ISA="generic", NUMBA_CPU_NAME=None, NUMBA_CPU_FEATURES=None)
@@ -147,6 +152,7 @@ def test_narrowing_after_numba_compiled_is_refused():
 
 
 @pytest.mark.subprocess
+@pytest.mark.any_path
 @pytest.mark.skipif(len(RUNNABLE) < 2, reason="this machine runs one path only: no other path's cache")
 def test_numba_cache_never_hands_one_paths_code_to_another(tmp_path):
     a, b = RUNNABLE[0], RUNNABLE[1]
