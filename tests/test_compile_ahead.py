@@ -25,9 +25,8 @@ def first_forward(how, cache_dir):
 def test_the_call_loads_what_the_helper_compiled(tmp_path):
     """With the helper waited for, the call finds output_stages_task and the LN1 stage's
     layernorm_piece in the cache (hits, no miss: the helper compiled the very signatures
-    the call types) and gives the bits
-    of a call that compiled it itself; a second start for the same signature, or one
-    the cache holds, starts nothing."""
+    the call types) and gives the bits of a call that compiled them itself; a second
+    start for the same signature, or one the cache holds, starts nothing."""
     waited = first_forward("waited", tmp_path / "waited")
     alone = first_forward("alone", tmp_path / "alone")
     assert not waited["cached_before"] and waited["started"] and waited["helper_rc"] == 0
